@@ -1,0 +1,34 @@
+# Set-up on a fresh machine: `make demo` and `make test` (both create .venv and install first).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export RAY_AUTH_MODE := disabled
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first: the CPU wheel pinned here; any other version pulls a multi-GB CUDA build.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/plexrl demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/plexrl bench switch
+	$(BIN)/plexrl bench dispatch
+
+clean:
+	rm -rf $(VENV) plexrl-demo .pytest_cache

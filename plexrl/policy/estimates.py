@@ -1,0 +1,65 @@
+"""Running estimates the scheduler needs: execution time per (model, function) and transfer
+bandwidth per transition kind. Measurements are passed in; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Ewma:
+    """Exponentially weighted moving average with a prior used until the first sample."""
+
+    prior: float
+    alpha: float = 0.3
+    value: float | None = None
+    samples: int = 0
+
+    def update(self, x: float) -> float:
+        self.value = x if self.value is None else self.alpha * x + (1 - self.alpha) * self.value
+        self.samples += 1
+        return self.value
+
+    def get(self) -> float:
+        return self.prior if self.value is None else self.value
+
+
+@dataclass
+class ExecEstimator:
+    """E_i: moving average of measured execution seconds per (model key, function)."""
+
+    prior_s: float = 0.05
+    _by_key: dict[tuple[str, str], Ewma] = field(default_factory=dict)
+    _by_fn: dict[str, Ewma] = field(default_factory=dict)
+
+    def estimate(self, model: str, fn: str) -> float:
+        own = self._by_key.get((model, fn))
+        if own is not None:
+            return own.get()
+        shared = self._by_fn.get(fn)
+        return shared.get() if shared is not None else self.prior_s
+
+    def observe(self, model: str, fn: str, seconds: float) -> None:
+        self._by_key.setdefault((model, fn), Ewma(self.prior_s)).update(seconds)
+        self._by_fn.setdefault(fn, Ewma(self.prior_s)).update(seconds)
+
+
+@dataclass
+class BandwidthEstimator:
+    """Measured bytes/second per transition kind; feeds T_load and T_offload."""
+
+    prior_bytes_per_s: float = 10e9
+    _by_kind: dict[str, Ewma] = field(default_factory=dict)
+
+    def observe(self, kind: str, nbytes: int, seconds: float) -> None:
+        if nbytes <= 0 or seconds <= 0:
+            return
+        self._by_kind.setdefault(kind, Ewma(self.prior_bytes_per_s)).update(nbytes / seconds)
+
+    def bytes_per_s(self, kind: str) -> float:
+        ewma = self._by_kind.get(kind)
+        return ewma.get() if ewma is not None else self.prior_bytes_per_s
+
+    def seconds(self, kind: str, nbytes: int) -> float:
+        return nbytes / self.bytes_per_s(kind)

@@ -1,0 +1,141 @@
+"""Request priority: which ready request a free device runs next (DESIGN §5).
+
+For request i and a device whose arena holds the states `resident`:
+    S_i(t) = E_i + 1[switch] * (T_offload + T_load)       effective service time
+    W_i(t) = t - arrival_i                                  waiting time
+    P_i(t) = (W_i + S_i) / S_i = 1 + W_i / S_i              switch-aware HRRN ("plexrl")
+`hrrn` is the same without the switch term, `sjf` takes the smallest E_i, `fcfs` the earliest
+arrival. Ties go to the earlier submission. Non-preemptive at function granularity.
+
+Only the head request of each model is *ready* (calls of one model run in submission order),
+so candidates are few per model; the arrays are kept in a `ReadyQueue` so a decision over a
+thousand candidates is a handful of numpy operations, not a Python loop.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+
+
+class Policy(str, Enum):
+    FCFS = "fcfs"
+    SJF = "sjf"
+    HRRN = "hrrn"
+    PLEXRL = "plexrl"
+
+    @classmethod
+    def parse(cls, name: "str | Policy") -> "Policy":
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(
+                f"unknown scheduling policy {name!r}; expected one of {[p.value for p in cls]}"
+            ) from None
+
+
+_MIN_SERVICE_S = 1e-6  # keeps P finite for zero-cost estimates
+
+
+class ReadyQueue:
+    """Struct-of-arrays over ready requests. Slot order is arbitrary; `seq` breaks ties.
+
+    Per candidate: arrival time, estimated execution time, the state it needs, the device that
+    state is resident on (-1 if none), and the estimated time to load it (T_load).
+    """
+
+    def __init__(self, capacity: int = 64):
+        self._n = 0
+        self._key_to_slot: dict[object, int] = {}
+        self._slot_key: list[object] = []
+        self.arrival = np.zeros(capacity)
+        self.est = np.zeros(capacity)
+        self.load_s = np.zeros(capacity)
+        self.resident_on = np.full(capacity, -1, dtype=np.int64)
+        self.seq = np.zeros(capacity, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._key_to_slot
+
+    def keys(self) -> list[object]:
+        return list(self._slot_key[: self._n])
+
+    def add(self, key: object, arrival: float, est: float, load_s: float, resident_on: int, seq: int) -> None:
+        if key in self._key_to_slot:
+            raise KeyError(f"{key!r} is already queued")
+        if self._n == len(self.arrival):
+            self._grow()
+        i = self._n
+        self.arrival[i], self.est[i], self.load_s[i] = arrival, est, load_s
+        self.resident_on[i], self.seq[i] = resident_on, seq
+        self._key_to_slot[key] = i
+        self._slot_key.append(key) if i == len(self._slot_key) else self._slot_key.__setitem__(i, key)
+        self._n += 1
+
+    def remove(self, key: object) -> None:
+        i = self._key_to_slot.pop(key)
+        last = self._n - 1
+        if i != last:
+            for arr in (self.arrival, self.est, self.load_s, self.resident_on, self.seq):
+                arr[i] = arr[last]
+            moved = self._slot_key[last]
+            self._slot_key[i] = moved
+            self._key_to_slot[moved] = i
+        self._n -= 1
+
+    def key_at(self, slot: int) -> object:
+        return self._slot_key[slot]
+
+    def set_resident(self, key: object, device: int) -> None:
+        slot = self._key_to_slot.get(key)
+        if slot is not None:
+            self.resident_on[slot] = device
+
+    def set_estimates(self, key: object, est: float | None = None, load_s: float | None = None) -> None:
+        slot = self._key_to_slot[key]
+        if est is not None:
+            self.est[slot] = est
+        if load_s is not None:
+            self.load_s[slot] = load_s
+
+    def _grow(self) -> None:
+        cap = 2 * len(self.arrival)
+        for name in ("arrival", "est", "load_s", "resident_on", "seq"):
+            old = getattr(self, name)
+            new = np.full(cap, -1, dtype=old.dtype) if name == "resident_on" else np.zeros(cap, dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+
+def priorities(policy: Policy, queue: ReadyQueue, device: int, offload_s: float, now: float) -> np.ndarray:
+    """Scores of every ready request for `device` (higher runs first).
+
+    `offload_s` is the estimated T_offload of making room on `device` for a state not resident there.
+    """
+    n = len(queue)
+    if policy is Policy.FCFS:
+        return -queue.arrival[:n]
+    est = queue.est[:n]
+    if policy is Policy.SJF:
+        return -est
+    wait = np.maximum(now - queue.arrival[:n], 0.0)
+    service = est
+    if policy is Policy.PLEXRL:
+        switching = queue.resident_on[:n] != device
+        service = est + switching * (queue.load_s[:n] + offload_s)
+    return 1.0 + wait / np.maximum(service, _MIN_SERVICE_S)
+
+
+def choose(policy: Policy, queue: ReadyQueue, device: int, offload_s: float, now: float) -> object | None:
+    """The key of the request `device` should run next, or None when nothing is ready."""
+    n = len(queue)
+    if n == 0:
+        return None
+    score = priorities(policy, queue, device, offload_s, now)
+    best = np.flatnonzero(score == score.max())
+    slot = best[0] if len(best) == 1 else best[np.argmin(queue.seq[:n][best])]
+    return queue.key_at(int(slot))
