@@ -6,12 +6,12 @@ clock, no torch or ray: time is an argument and randomness an injected generator
 
 from plexrl.policy.accounting import JobUsage, Ledger
 from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
-from plexrl.policy.priority import Policy, ReadyQueue, choose, priorities
+from plexrl.policy.priority import Policy, ReadyQueue, choose, offload_estimate, priorities
 from plexrl.policy.transitions import choose_window, plan_host_room, plan_load
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
 __all__ = [
     "BandwidthEstimator", "ExecEstimator", "Ewma", "JobUsage", "Ledger", "LoadPlan", "NoFit",
     "Policy", "ReadyQueue", "ResidencyView", "StateInfo", "Tier", "Transition", "TransitionKind",
-    "choose", "choose_window", "plan_host_room", "plan_load", "priorities",
+    "choose", "choose_window", "offload_estimate", "plan_host_room", "plan_load", "priorities",
 ]

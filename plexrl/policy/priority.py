@@ -41,8 +41,8 @@ _MIN_SERVICE_S = 1e-6  # keeps P finite for zero-cost estimates
 class ReadyQueue:
     """Struct-of-arrays over ready requests. Slot order is arbitrary; `seq` breaks ties.
 
-    Per candidate: arrival time, estimated execution time, the state it needs, the device that
-    state is resident on (-1 if none), and the estimated time to load it (T_load).
+    Per candidate: arrival time, estimated execution time, the device its state is resident on
+    (-1 if none), the estimated time to load it (T_load) and its device bytes.
     """
 
     def __init__(self, capacity: int = 64):
@@ -54,6 +54,7 @@ class ReadyQueue:
         self.load_s = np.zeros(capacity)
         self.resident_on = np.full(capacity, -1, dtype=np.int64)
         self.seq = np.zeros(capacity, dtype=np.int64)
+        self.nbytes = np.zeros(capacity)
 
     def __len__(self) -> int:
         return self._n
@@ -64,14 +65,16 @@ class ReadyQueue:
     def keys(self) -> list[object]:
         return list(self._slot_key[: self._n])
 
-    def add(self, key: object, arrival: float, est: float, load_s: float, resident_on: int, seq: int) -> None:
+    def add(
+        self, key: object, arrival: float, est: float, load_s: float, resident_on: int, seq: int, nbytes: int = 0
+    ) -> None:
         if key in self._key_to_slot:
             raise KeyError(f"{key!r} is already queued")
         if self._n == len(self.arrival):
             self._grow()
         i = self._n
         self.arrival[i], self.est[i], self.load_s[i] = arrival, est, load_s
-        self.resident_on[i], self.seq[i] = resident_on, seq
+        self.resident_on[i], self.seq[i], self.nbytes[i] = resident_on, seq, nbytes
         self._key_to_slot[key] = i
         self._slot_key.append(key) if i == len(self._slot_key) else self._slot_key.__setitem__(i, key)
         self._n += 1
@@ -80,7 +83,7 @@ class ReadyQueue:
         i = self._key_to_slot.pop(key)
         last = self._n - 1
         if i != last:
-            for arr in (self.arrival, self.est, self.load_s, self.resident_on, self.seq):
+            for arr in (self.arrival, self.est, self.load_s, self.resident_on, self.seq, self.nbytes):
                 arr[i] = arr[last]
             moved = self._slot_key[last]
             self._slot_key[i] = moved
@@ -104,17 +107,26 @@ class ReadyQueue:
 
     def _grow(self) -> None:
         cap = 2 * len(self.arrival)
-        for name in ("arrival", "est", "load_s", "resident_on", "seq"):
+        for name in ("arrival", "est", "load_s", "resident_on", "seq", "nbytes"):
             old = getattr(self, name)
             new = np.full(cap, -1, dtype=old.dtype) if name == "resident_on" else np.zeros(cap, dtype=old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
 
 
-def priorities(policy: Policy, queue: ReadyQueue, device: int, offload_s: float, now: float) -> np.ndarray:
+def offload_estimate(queue: ReadyQueue, free_bytes: float, offload_bytes_per_s: float) -> np.ndarray:
+    """T_offload per candidate: the bytes that must leave a device with `free_bytes` free."""
+    n = len(queue)
+    return np.maximum(queue.nbytes[:n] - free_bytes, 0.0) / offload_bytes_per_s
+
+
+def priorities(
+    policy: Policy, queue: ReadyQueue, device: int, offload_s: "float | np.ndarray", now: float
+) -> np.ndarray:
     """Scores of every ready request for `device` (higher runs first).
 
-    `offload_s` is the estimated T_offload of making room on `device` for a state not resident there.
+    `offload_s` is the estimated T_offload of making room on `device` for a state not resident
+    there: one number, or one per candidate (see `offload_estimate`).
     """
     n = len(queue)
     if policy is Policy.FCFS:
@@ -130,7 +142,9 @@ def priorities(policy: Policy, queue: ReadyQueue, device: int, offload_s: float,
     return 1.0 + wait / np.maximum(service, _MIN_SERVICE_S)
 
 
-def choose(policy: Policy, queue: ReadyQueue, device: int, offload_s: float, now: float) -> object | None:
+def choose(
+    policy: Policy, queue: ReadyQueue, device: int, offload_s: "float | np.ndarray", now: float
+) -> object | None:
     """The key of the request `device` should run next, or None when nothing is ready."""
     n = len(queue)
     if n == 0:
