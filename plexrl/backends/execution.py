@@ -1,0 +1,375 @@
+"""Execution of the function API on one Hugging Face causal LM: the real backend's core.
+
+These are pure functions of (model, arguments): the runtime owns scheduling, memory and where
+the model's tensors live; this module only runs it. Conventions are Tinker's:
+- a datum's `loss_fn_inputs` each have the length of its `model_input`, and `target_tokens[t]` is
+  the token that follows input position t;
+- losses are sums over tokens (see backends/losses.py);
+- `sample` returns each sequence's tokens, their log-probs and a stop reason.
+
+Invariants:
+- `forward_backward` accumulates gradients into the `p.grad` tensors already there, in place: it
+  never assigns, replaces or zeroes `p.grad` (the runtime presets them as views into its arena
+  and zeroes them after optim_step). With `backward=False` no autograd graph is built.
+- Nothing reads or changes global state: no global RNG (sampling draws from a per-call
+  `torch.Generator` seeded by the caller), no `model.train()`/`eval()` switch, no default dtype.
+  Same weights + same arguments (seed included) -> same result, whatever else runs in the process.
+- A datum's results do not depend on the other datums of its batch beyond float noise: batches
+  are right-padded, so with causal attention real positions never see a pad.
+- `sample`'s log-probs at temperature 1 are those `compute_logprobs` gives on prompt+completion.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from plexrl import errors, types
+from plexrl.backends import losses
+from plexrl.types import Datum
+
+CustomLoss = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+Decode = Callable[[list[int]], str]
+PAD_TOKEN_ID = 0
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def model_limits(model: torch.nn.Module, max_positions: int | None) -> tuple[int, int]:
+    """(vocab_size, max_positions); max_positions defaults to the model's position embeddings."""
+    config = model.config
+    return config.vocab_size, max_positions or config.max_position_embeddings
+
+
+def with_cache(model: torch.nn.Module, cache: DynamicCache) -> dict:
+    """The KV-cache keyword of `model.forward`: `cache` in transformers >= 5.2x, else `past_key_values`."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
+# ---------------------------------------------------------------------------- validation
+
+def check_tokens(tokens: Sequence[int], vocab_size: int, what: str) -> None:
+    bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab_size]
+    if bad:
+        position, token = bad[0]
+        raise errors.InvalidInput(
+            f"{what}: token {token} at position {position} is outside the vocabulary "
+            f"(expected 0 <= token < {vocab_size}; {len(bad)} bad token(s) in all)")
+
+
+def check_length(length: int, max_positions: int, what: str) -> None:
+    if not 1 <= length <= max_positions:
+        raise errors.InvalidInput(
+            f"{what} has {length} tokens; expected between 1 and the model's {max_positions} positions")
+
+
+def validate_datums(datums: Sequence[Datum], vocab_size: int, max_positions: int) -> None:
+    """Every datum: 1..max_positions tokens in the vocabulary, and every loss_fn_input a flat
+    finite array of the model_input's length (Tinker: `target_tokens[t]` follows position t)."""
+    if not datums:
+        raise errors.InvalidInput("forward_backward got no datums; expected at least one")
+    for index, datum in enumerate(datums):
+        tokens = datum.model_input.to_ints()
+        check_length(len(tokens), max_positions, f"datum {index}: model_input")
+        check_tokens(tokens, vocab_size, f"datum {index}: model_input")
+        for key, tensor in datum.loss_fn_inputs.items():
+            check_datum_input(index, key, tensor.to_numpy(), len(tokens), vocab_size)
+
+
+def check_datum_input(index: int, key: str, array, expected_length: int, vocab_size: int) -> None:
+    where = f"datum {index}: loss_fn_inputs[{key!r}]"
+    if array.ndim != 1 or array.shape[0] != expected_length:
+        raise errors.DatumShapeError(
+            f"{where} has shape {tuple(array.shape)} (length {array.shape[0] if array.ndim else 0}); "
+            f"expected a flat array of length {expected_length}, the length of its model_input")
+    if not np.isfinite(array).all():
+        raise errors.DatumShapeError(f"{where} holds NaN or infinite values; expected finite numbers")
+    if key == "target_tokens":
+        if (array != array.round()).any():
+            raise errors.DatumShapeError(f"{where} holds non-integer values; expected token ids")
+        check_tokens(array.astype("int64").tolist(), vocab_size, where)
+
+
+# ---------------------------------------------------------------------------- forward_backward
+
+@dataclass(frozen=True)
+class Batch:
+    """Datums right-padded into (B, T) tensors."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor  # 1 on real positions, 0 on pads
+    target_tokens: torch.Tensor  # PAD_TOKEN_ID where a datum gives none (and on pads)
+    lengths: list[int]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.attention_mask.bool()
+
+
+def pad_batch(datums: Sequence[Datum], device: torch.device) -> Batch:
+    lengths = [d.model_input.length for d in datums]
+    input_ids = torch.full((len(datums), max(lengths)), PAD_TOKEN_ID, dtype=torch.long)
+    targets = torch.full_like(input_ids, PAD_TOKEN_ID)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, (datum, length) in enumerate(zip(datums, lengths)):
+        input_ids[row, :length] = torch.tensor(datum.model_input.to_ints())
+        attention_mask[row, :length] = 1
+        if "target_tokens" in datum.loss_fn_inputs:
+            targets[row, :length] = torch.from_numpy(datum.loss_fn_inputs["target_tokens"].to_numpy().astype("int64"))
+    return Batch(input_ids.to(device), attention_mask.to(device), targets.to(device), lengths)
+
+
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] per position, computed in float32 whatever the model dtype."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def per_datum(batch: Batch, padded: torch.Tensor) -> list[torch.Tensor]:
+    return [padded[row, :length] for row, length in enumerate(batch.lengths)]
+
+
+def forward_backward(model: torch.nn.Module, datums: Sequence[Datum], loss_fn: str | CustomLoss,
+                     loss_fn_config: dict | None = None, *, backward: bool = True,
+                     max_positions: int | None = None) -> types.ForwardBackwardOutput:
+    """Loss over `datums` (sum over tokens); with `backward`, its gradient added into `p.grad`.
+
+    `loss_fn` is a built-in loss name or a custom callable `fn(datums, logprobs) -> (loss, metrics)`
+    where `logprobs[i]` is datum i's per-token target log-probs (with grad). Outputs per datum:
+    `logprobs` (when the datum has `target_tokens`) and, for `value_mse`, `values`.
+    """
+    datums = list(datums)
+    vocab_size, max_positions = model_limits(model, max_positions)
+    validate_datums(datums, vocab_size, max_positions)
+    if callable(loss_fn):
+        run = lambda batch, logits: custom_loss(loss_fn, datums, batch, logits)  # noqa: E731
+    else:
+        loss = losses.get_loss(loss_fn)
+        config = losses.resolve_config(loss, loss_fn_config)
+        losses.check_required_inputs(loss, datums)
+        run = lambda batch, logits: builtin_loss(loss, config, datums, batch, logits)  # noqa: E731
+    batch = pad_batch(datums, model_device(model))
+    with torch.enable_grad() if backward else torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        total, outputs, metrics = run(batch, logits)
+    if backward:
+        total.backward()  # AccumulateGrad adds into existing p.grad in place (grad mode is off)
+    metrics = {**metrics, "loss:sum": float(total.detach())}
+    return types.ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
+
+
+def builtin_loss(loss: losses.BuiltinLoss, config: dict, datums: list[Datum], batch: Batch,
+                 logits: torch.Tensor):
+    """(total loss, per-datum outputs, metrics) for a built-in loss."""
+    logprobs = target_logprobs(logits, batch.target_tokens)
+    values = logits[..., losses.VALUE_TOKEN_ID].float()
+    inputs = losses.padded_inputs(loss, datums, batch.input_ids.shape[1], logits.device)
+    model_output = logprobs if loss.reads == "logprobs" else values
+    total = losses.loss_sum(loss, model_output, inputs, batch.mask, config)
+    outputs = [{} for _ in datums]
+    for row, datum in enumerate(datums):
+        if "target_tokens" in datum.loss_fn_inputs:
+            outputs[row]["logprobs"] = types.TensorData.of(logprobs[row, :batch.lengths[row]])
+        if loss.reads == "values":
+            outputs[row]["values"] = types.TensorData.of(values[row, :batch.lengths[row]])
+    return total, outputs, {}
+
+
+def custom_loss(fn: CustomLoss, datums: list[Datum], batch: Batch, logits: torch.Tensor):
+    """(total loss, per-datum outputs, metrics) for a user loss over per-datum log-probs."""
+    for index, datum in enumerate(datums):
+        if "target_tokens" not in datum.loss_fn_inputs:
+            raise errors.DatumShapeError(
+                f"datum {index}: a custom loss needs loss_fn_inputs['target_tokens'] "
+                f"(given {sorted(datum.loss_fn_inputs)})")
+    logprobs = per_datum(batch, target_logprobs(logits, batch.target_tokens))
+    result = fn(datums, logprobs)
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)
+            and result[0].numel() == 1 and isinstance(result[1], dict)):
+        raise errors.InvalidInput(
+            f"custom loss {getattr(fn, '__name__', fn)!r} returned {type(result).__name__}; "
+            "expected a tuple (scalar loss tensor, metrics dict)")
+    total, metrics = result
+    if torch.is_grad_enabled() and not total.requires_grad:
+        raise errors.InvalidInput(
+            f"custom loss {getattr(fn, '__name__', fn)!r} returned a loss with no gradient; "
+            "expected a function of the logprobs it was given")
+    outputs = [{"logprobs": types.TensorData.of(lp)} for lp in logprobs]
+    return total.reshape(()), outputs, {k: float(v) for k, v in metrics.items()}
+
+
+# ---------------------------------------------------------------------------- compute_logprobs
+
+def compute_logprobs(model: torch.nn.Module, tokens: Sequence[int], *,
+                     max_positions: int | None = None) -> list[float | None]:
+    """Log-prob of each token given the ones before it; the first has no context, so None."""
+    tokens = [int(t) for t in tokens]
+    vocab_size, max_positions = model_limits(model, max_positions)
+    check_length(len(tokens), max_positions, "compute_logprobs sequence")
+    check_tokens(tokens, vocab_size, "compute_logprobs sequence")
+    input_ids = torch.tensor([tokens], device=model_device(model))
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+    return [None] + following_logprobs(logits[0], input_ids[0])
+
+
+def following_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> list[float]:
+    """For logits (T, V) of a sequence `tokens` (T,): log-prob of tokens[1:] given their prefix."""
+    return target_logprobs(logits[:-1], tokens[1:]).tolist()
+
+
+# ---------------------------------------------------------------------------- sample
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a sequence ends: on a token of `token_ids`, or once its text contains a string of
+    `strings` (needs `decode`). The stopping token is kept in the sequence."""
+
+    token_ids: tuple[int, ...] = ()
+    strings: tuple[str, ...] = ()
+    decode: Decode | None = None
+
+    @classmethod
+    def of(cls, stop: Sequence[int] | Sequence[str] | None, stop_token_ids: Sequence[int],
+           decode: Decode | None) -> "StopRule":
+        stop = tuple(stop or ())
+        strings = tuple(s for s in stop if isinstance(s, str))
+        token_ids = tuple(int(t) for t in stop_token_ids) + tuple(t for t in stop if not isinstance(t, str))
+        if strings and decode is None:
+            raise errors.InvalidSamplingParams(
+                f"stop strings {list(strings)} need a tokenizer to be matched; pass decode=, "
+                "or give stop token ids")
+        if any(not s for s in strings):
+            raise errors.InvalidSamplingParams("stop strings must be non-empty")
+        return cls(token_ids, strings, decode)
+
+    def hits(self, history: list[torch.Tensor], active: torch.Tensor) -> torch.Tensor:
+        """Which active rows stop at this step; `history[-1]` (N,) holds this step's tokens."""
+        stop_ids = torch.tensor(self.token_ids, dtype=torch.long, device=active.device)
+        stopped = active & torch.isin(history[-1], stop_ids)
+        if self.strings:
+            # Strings need text, so this loops over the rows still running; token ids never do.
+            so_far = torch.stack(history, 1)
+            for row in torch.nonzero(active & ~stopped).flatten().tolist():
+                text = self.decode(so_far[row].tolist())
+                stopped[row] = any(s in text for s in self.strings)
+        return stopped
+
+
+def choose_tokens(logits: torch.Tensor, params: types.SamplingParams,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token per row and its log-prob under softmax(logits / T) (softmax(logits) if greedy).
+
+    Temperature first, then top-k, then top-p restrict what can be drawn; the log-prob reported
+    is under the untruncated tempered distribution, so at T=1 it is the model's own log-prob.
+    """
+    logits = logits.float()
+    if params.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits / params.temperature
+    allowed = top_p_filter(top_k_filter(scaled, params.top_k), params.top_p)
+    tokens = torch.multinomial(torch.softmax(allowed, -1), 1, generator=generator).squeeze(-1)
+    return tokens, torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """-inf outside each row's k largest logits (ties with the k-th are kept); -1 = no limit."""
+    if top_k == -1 or top_k >= logits.shape[-1]:
+        return logits
+    kth_largest = logits.topk(top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """-inf outside each row's nucleus: the most likely tokens whose mass first reaches top_p."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, -1)
+    mass_before = probs.cumsum(-1) - probs  # the first token always has 0 before it: never dropped
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
+           params: types.SamplingParams, *, seed: int, stop_token_ids: Sequence[int] = (),
+           max_positions: int | None = None, decode: Decode | None = None,
+           include_prompt_logprobs: bool = False) -> types.SampleResponse:
+    """`num_samples` continuations of `prompt`, decoded together with a KV cache.
+
+    Randomness comes only from a `torch.Generator` seeded with `seed` (the caller picks it,
+    e.g. from `params.seed`). Stops: `params.stop` (token ids, or strings when `decode` maps
+    token ids to text) and `stop_token_ids`; a stopped sequence ends with its stop token.
+    """
+    params.validate()
+    prompt = [int(t) for t in prompt]
+    vocab_size, max_positions = model_limits(model, max_positions)
+    check_sample_request(prompt, num_samples, params, vocab_size, max_positions)
+    stop = StopRule.of(params.stop, stop_token_ids, decode)
+    device = model_device(model)
+    generator = torch.Generator(device=device).manual_seed(int(seed))
+    with torch.no_grad():
+        # 1) prefill the prompt once, then replicate its KV cache for every sample
+        cache = DynamicCache()
+        cached = with_cache(model, cache)
+        prompt_ids = torch.tensor([prompt], device=device)
+        out = model(input_ids=prompt_ids, **cached,
+                    logits_to_keep=0 if include_prompt_logprobs else 1)  # 0 keeps every position
+        prompt_logprobs = None
+        if include_prompt_logprobs:
+            prompt_logprobs = [None] + following_logprobs(out.logits[0], prompt_ids[0])
+        cache.batch_repeat_interleave(num_samples)
+        logits = out.logits[:, -1].expand(num_samples, -1)
+        # 2) decode all rows in lockstep until every row stopped or max_tokens is reached
+        tokens, logprobs, lengths = decode_loop(model, cached, logits, params, generator, stop)
+    sequences = [
+        types.SampledSequence(tokens=row_tokens[:length], logprobs=row_logprobs[:length],
+                              stop_reason="stop" if stopped else "length")
+        for row_tokens, row_logprobs, (length, stopped) in zip(tokens, logprobs, lengths)
+    ]
+    return types.SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs)
+
+
+def check_sample_request(prompt: list[int], num_samples: int, params: types.SamplingParams,
+                         vocab_size: int, max_positions: int) -> None:
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise errors.InvalidInput(f"num_samples={num_samples!r}; expected an integer >= 1")
+    check_length(len(prompt), max_positions, "sample prompt")
+    check_tokens(prompt, vocab_size, "sample prompt")
+    if len(prompt) + params.max_tokens > max_positions:
+        raise errors.InvalidInput(
+            f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} = "
+            f"{len(prompt) + params.max_tokens} positions; expected at most the model's {max_positions}")
+
+
+def decode_loop(model, cached: dict, logits: torch.Tensor, params: types.SamplingParams,
+                generator: torch.Generator, stop: StopRule):
+    """Per row: tokens, log-probs, and (length kept, whether it ended on a stop rule).
+
+    Rows that stopped keep being decoded (their extra tokens are cut off afterwards) so the
+    batch stays rectangular and the loop has no per-row work."""
+    rows = logits.shape[0]
+    active = torch.ones(rows, dtype=torch.bool, device=logits.device)
+    length = torch.full((rows,), params.max_tokens, dtype=torch.long, device=logits.device)
+    chosen, chosen_logprobs = [], []
+    for step in range(params.max_tokens):
+        tokens, logprobs = choose_tokens(logits, params, generator)
+        chosen.append(tokens)
+        chosen_logprobs.append(logprobs)
+        stopped_now = stop.hits(chosen, active)
+        length[stopped_now] = step + 1
+        active &= ~stopped_now
+        if step + 1 == params.max_tokens or not active.any():
+            break
+        logits = model(input_ids=tokens[:, None], **cached).logits[:, -1]
+    return (torch.stack(chosen, 1).tolist(), torch.stack(chosen_logprobs, 1).tolist(),
+            list(zip(length.tolist(), (~active).tolist())))
