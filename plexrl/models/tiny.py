@@ -99,7 +99,8 @@ def make_tiny_model(folder, seed: int = 0, hidden_size: int = 64, num_layers: in
     tokenizer = make_tokenizer(max_position_embeddings)
     config = make_config(len(tokenizer), hidden_size, num_layers, num_heads,
                          intermediate_size, max_position_embeddings)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    with torch.random.fork_rng(devices=[]):  # the constructor's own init draws from the global RNG
+        model = LlamaForCausalLM(config).to(torch.float32)
     init_weights(model, seed)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
