@@ -1,0 +1,196 @@
+"""What a job holds: a service client per job, a training client per trainable model, sampling
+clients for weights (Tinker's shape). Every call returns a future; calls on one model run in
+submission order. Inputs are checked here, so a bad call fails at once with a clear message and
+never reaches a worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from plexrl import errors
+from plexrl.backends import execution, losses
+from plexrl.runtime import checkpoint
+from plexrl.runtime.futures import APIFuture
+from plexrl.runtime.state import ModelState
+from plexrl.types import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    LoadStateResponse,
+    ModelInput,
+    OptimStepResponse,
+    SampleResponse,
+    SamplingParams,
+    SaveStateResponse,
+)
+
+if TYPE_CHECKING:
+    from plexrl.runtime.local_cluster import LocalCluster
+
+LossFn = str | Callable
+
+
+class ServiceClient:
+    def __init__(self, cluster: "LocalCluster", job: str):
+        self.cluster = cluster
+        self.job = job
+
+    def create_training_client(self, base_model: str | Path, seed: int = 0, name: str = "policy") -> "TrainingClient":
+        """A trainable, full-parameter model of this job, loaded from a local HF folder."""
+        state = self.cluster.add_model(self.job, name, base_model, trainable=True)
+        return TrainingClient(self.cluster, state, seed)
+
+    def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0) -> "SamplingClient":
+        """A frozen model (reference, teacher) for sampling and log-probs."""
+        name = name or f"frozen:{Path(base_model).name}"
+        state = self.cluster.add_model(self.job, name, base_model, trainable=False)
+        return SamplingClient(self.cluster, state, seed)
+
+
+class _ModelClient:
+    def __init__(self, cluster: "LocalCluster", state: ModelState, seed: int):
+        self.cluster = cluster
+        self.state = state
+        self.seed = int(seed)
+        self._calls = 0
+
+    @property
+    def model_id(self) -> str:
+        return self.state.state_id
+
+    def get_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.state.source)
+
+    def _submit(self, fn: str, run: Callable[[ModelState], Any], *, needs_device: bool = True,
+                mutates: bool = False, check: Callable[[], None] | None = None) -> APIFuture:
+        if check is not None:
+            try:
+                check()
+            except errors.PlexRLError as exc:
+                return APIFuture.failed(exc)
+        return self.cluster.submit(self.state, fn, run, needs_device=needs_device, mutates=mutates)
+
+    def _next_seed(self, requested: int | None) -> int:
+        """Explicit seeds win; otherwise one derived from (client seed, call number): deterministic
+        whatever else runs on the cluster."""
+        self._calls += 1
+        if requested is not None:
+            return requested
+        return (self.seed * 1_000_003 + self._calls * 7_919) % (2**31 - 1)
+
+
+class SamplingClient(_ModelClient):
+    def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
+               include_prompt_logprobs: bool = False) -> APIFuture[SampleResponse]:
+        params = sampling_params or SamplingParams()
+        tokens = prompt.to_ints()
+        seed = self._next_seed(params.seed)
+        stop_ids = self.cluster.stop_token_ids(self.state)
+
+        def check() -> None:
+            params.validate()
+            vocab, positions = self.cluster.limits(self.state)
+            execution.check_sample_request(tokens, num_samples, params, vocab, positions)
+
+        return self._submit(
+            "sample",
+            lambda s: execution.sample(s.module, tokens, num_samples, params, seed=seed, stop_token_ids=stop_ids,
+                                       include_prompt_logprobs=include_prompt_logprobs),
+            check=check,
+        )
+
+    def compute_logprobs(self, prompt: ModelInput) -> APIFuture[list[float | None]]:
+        tokens = prompt.to_ints()
+
+        def check() -> None:
+            vocab, positions = self.cluster.limits(self.state)
+            execution.check_length(len(tokens), positions, "compute_logprobs sequence")
+            execution.check_tokens(tokens, vocab, "compute_logprobs sequence")
+
+        return self._submit("compute_logprobs", lambda s: execution.compute_logprobs(s.module, tokens), check=check)
+
+
+class TrainingClient(_ModelClient):
+    def forward_backward(self, data: Sequence[Datum], loss_fn: LossFn = "cross_entropy",
+                         loss_fn_config: dict | None = None) -> APIFuture[ForwardBackwardOutput]:
+        return self._forward(data, loss_fn, loss_fn_config, backward=True)
+
+    def forward(self, data: Sequence[Datum], loss_fn: LossFn = "cross_entropy",
+                loss_fn_config: dict | None = None) -> APIFuture[ForwardBackwardOutput]:
+        """The loss and its outputs (e.g. a critic's `values`) without touching gradients."""
+        return self._forward(data, loss_fn, loss_fn_config, backward=False)
+
+    def forward_backward_custom(self, data: Sequence[Datum], loss_fn: Callable) -> APIFuture[ForwardBackwardOutput]:
+        return self._forward(data, loss_fn, None, backward=True)
+
+    def _forward(self, data, loss_fn, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+        data = list(data)
+
+        def check() -> None:
+            if not data:
+                raise errors.DatumShapeError("forward_backward got no datums; expected a non-empty list of Datum")
+            vocab, positions = self.cluster.limits(self.state)
+            execution.validate_datums(data, vocab, positions)
+            if not callable(loss_fn):
+                loss = losses.get_loss(loss_fn)
+                losses.resolve_config(loss, loss_fn_config)
+                losses.check_required_inputs(loss, data)
+
+        fn = "forward_backward" if backward else "forward"
+        return self._submit(
+            fn,
+            lambda s: execution.forward_backward(s.module, data, loss_fn, loss_fn_config, backward=backward),
+            mutates=backward,
+            check=check,
+        )
+
+    def optim_step(self, adam_params: AdamParams | None = None) -> APIFuture[OptimStepResponse]:
+        params = adam_params or AdamParams()
+        return self._submit(
+            "optim_step", lambda s: OptimStepResponse(checkpoint.adam_step(s, params)), mutates=True, check=params.validate
+        )
+
+    def save_state(self, name: str, with_optimizer: bool = True) -> APIFuture[SaveStateResponse]:
+        """Materialize a consistent snapshot to the checkpoint directory (residency unchanged)."""
+        path = self.cluster.checkpoint_path(self.state, name)
+
+        def run(s: ModelState) -> SaveStateResponse:
+            self.cluster.materialize(s, lambda: checkpoint.save_state(s, path, with_optimizer))
+            return SaveStateResponse(str(path))
+
+        return self._submit("save_state", run, needs_device=False)
+
+    def load_state(self, path: str | Path) -> APIFuture[LoadStateResponse]:
+        """Weights from a checkpoint; optimizer moments restart from zero."""
+        return self._load(Path(path), with_optimizer=False)
+
+    def load_state_with_optimizer(self, path: str | Path) -> APIFuture[LoadStateResponse]:
+        return self._load(Path(path), with_optimizer=True)
+
+    def _load(self, path: Path, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
+        def check() -> None:
+            if not path.is_dir():
+                raise errors.ModelLoadError(f"checkpoint folder {str(path)!r} does not exist; expected a save_state path")
+
+        def run(s: ModelState) -> LoadStateResponse:
+            checkpoint.load_state(s, path, with_optimizer)
+            return LoadStateResponse(str(path))
+
+        return self._submit("load_state", run, needs_device=False, mutates=True, check=check)
+
+    def save_weights_for_sampler(self, name: str = "sampler") -> APIFuture[ModelState]:
+        """Weight sync: the current weights become the weights of this model's sampler `name`."""
+        return self._submit("sync_weights", lambda s: self.cluster.sync_sampler(s, name), needs_device=False)
+
+    def save_weights_and_get_sampling_client(self, name: str = "sampler") -> SamplingClient:
+        """Blocks until the weights are synced. Samplers of successive syncs draw from different
+        default seed streams (explicit `SamplingParams.seed` always wins)."""
+        snapshot = self.save_weights_for_sampler(name).result()
+        self._syncs += 1
+        return SamplingClient(self.cluster, snapshot, self.seed * 1_000_033 + self._syncs)
+
+    _syncs = 0

@@ -1,0 +1,239 @@
+"""The local engine: every component in one process, one worker thread per device (DESIGN §8).
+
+    LocalCluster ─ Router ─┬─ GroupScheduler (node 0) ─ Worker per device
+                           │        └─ StateManager (node 0): arenas, host buffers, spill files
+                           └─ GroupScheduler (node 1) ...
+
+Devices are CUDA devices when `torch_device="cuda"` (arenas in device memory, pinned host
+buffers), else logical devices whose arenas live in host memory and make the budget real.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from plexrl import errors
+from plexrl.client import ServiceClient
+from plexrl.policy import Policy, Tier
+from plexrl.runtime.arena import DeviceArena
+from plexrl.runtime.events import EventLog
+from plexrl.runtime.futures import APIFuture
+from plexrl.runtime.router import Router
+from plexrl.runtime.scheduler import GroupScheduler, Request
+from plexrl.runtime.state import ModelState, load_module, skeleton_like
+from plexrl.runtime.state_manager import StateManager
+from plexrl.runtime.telemetry import Telemetry
+from plexrl.runtime.worker import Worker
+
+MiB = 1 << 20
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        devices: int = 2,
+        device_memory_bytes: int = 256 * MiB,
+        host_memory_bytes: int = 2048 * MiB,
+        policy: str | Policy = "plexrl",
+        nodes: int = 1,
+        threads_per_device: int = 1,
+        workdir: str | Path | None = None,
+        event_log: str | Path | None = None,
+        torch_device: str = "cpu",
+    ):
+        self.policy = _checked_policy(policy)
+        _check_positive(devices=devices, nodes=nodes, device_memory_bytes=device_memory_bytes,
+                        host_memory_bytes=host_memory_bytes, threads_per_device=threads_per_device)
+        if devices % nodes:
+            raise errors.ConfigError(f"devices={devices} must be a multiple of nodes={nodes}")
+        self._tmp = tempfile.TemporaryDirectory(prefix="plexrl-") if workdir is None else None
+        self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
+        self.telemetry = Telemetry(EventLog(event_log))
+        self.devices = devices
+        self.device_memory_bytes = device_memory_bytes
+        self.host_memory_bytes = host_memory_bytes
+        per_node = devices // nodes
+        self.state_managers: list[StateManager] = []
+        self.schedulers: list[GroupScheduler] = []
+        self.workers: list[Worker] = []
+        pin = torch_device.startswith("cuda")
+        for node in range(nodes):
+            ids = list(range(node * per_node, (node + 1) * per_node))
+            arenas = {d: DeviceArena(d, device_memory_bytes, _device_name(torch_device, d)) for d in ids}
+            sm = StateManager(node, arenas, host_memory_bytes, self.workdir / f"node{node}" / "spill", self.telemetry, pin)
+            group = GroupScheduler(node, ids, sm, self.policy, self.telemetry)
+            sm.pending = group.pending
+            self.state_managers.append(sm)
+            self.schedulers.append(group)
+            self.workers += [Worker(d, group, sm, self.telemetry, threads_per_device) for d in ids]
+        self.router = Router(self.schedulers)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closed = False
+        for worker in self.workers:
+            worker.start()
+
+    # -- the job-facing entry point ---------------------------------------------------------------
+    def service_client(self, job: str) -> ServiceClient:
+        if not job or not isinstance(job, str):
+            raise errors.InvalidInput(f"job={job!r}; expected a non-empty name")
+        self._check_open()
+        return ServiceClient(self, job)
+
+    # -- what clients call -------------------------------------------------------------------------
+    def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool) -> ModelState:
+        self._check_open()
+        module = load_module(base_model)
+        state = ModelState(f"{job}/{name}", job, name, module, trainable, str(base_model))
+        group = self.router.place(job)
+        self.state_managers[group].add(state)
+        self.router.bind(state.state_id, group)
+        return state
+
+    def submit(self, state: ModelState, fn: str, run: Callable[[ModelState], Any], *,
+               needs_device: bool = True, mutates: bool = False) -> APIFuture:
+        if self._closed:
+            return APIFuture.failed(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
+        if self.router.group_of(state.state_id) is None:
+            return APIFuture.failed(errors.UnknownModel(
+                f"model {state.state_id!r} no longer exists on this cluster (a superseded sampler snapshot?)"))
+        request_id = next(self._ids)
+        request = Request(request_id, state.job, state.state_id, fn, run, APIFuture(request_id),
+                          self.telemetry.now(), needs_device=needs_device, mutates=mutates, seq=request_id)
+        self.router.route(request)
+        return request.future
+
+    def limits(self, state: ModelState) -> tuple[int, int]:
+        config = state.module.config
+        return int(config.vocab_size), int(getattr(config, "max_position_embeddings", 1 << 30))
+
+    def stop_token_ids(self, state: ModelState) -> tuple[int, ...]:
+        eos = getattr(state.module.config, "eos_token_id", None)
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    def checkpoint_path(self, state: ModelState, name: str) -> Path:
+        if not name or "/" in name or name in (".", ".."):
+            raise errors.InvalidInput(f"checkpoint name {name!r}; expected a plain non-empty name")
+        return self.workdir / "checkpoints" / state.job / state.name.replace("/", "_") / name
+
+    def materialize(self, state: ModelState, write: Callable[[], int]) -> None:
+        self._node_of(state).materialize(state, state.job, write)
+
+    def sync_sampler(self, trainer: ModelState, name: str) -> ModelState:
+        """Copy `trainer`'s weights into its sampler snapshot `name` (runs with `trainer` claimed).
+
+        The snapshot is updated in place when nobody is using it (it may even stay resident);
+        otherwise a new version is made and the old one retires once its queued calls drain.
+        """
+        sm = self._node_of(trainer)
+        group = self.schedulers[self.router.group_of(trainer.state_id)]
+        weights = trainer.flat_weights()
+        with sm.lock:
+            current = self.router.sampler(trainer.state_id, name)
+            snapshot = sm.states.get(current) if current else None
+            reusable = (snapshot is not None and not snapshot.busy and group.pending(current) == 0
+                        and snapshot.tier is not Tier.DISK)
+            if reusable:
+                snapshot.busy = True
+        if reusable:
+            def write() -> int:
+                snapshot.host.copy_(weights)
+                if snapshot.tier is Tier.DEVICE:
+                    snapshot.current().copy_(weights)
+                return trainer.numel * 4
+            sm.materialize(snapshot, trainer.job, write)
+            with sm.lock:
+                snapshot.busy = False
+            return snapshot
+        version = self.router.next_version(trainer.state_id, name)
+        fresh = ModelState(f"{trainer.state_id}@{name}.v{version}", trainer.job, f"{trainer.name}@{name}",
+                           skeleton_like(trainer.module), False, trainer.source)
+        sm.add(fresh, initial=weights)
+        self.router.bind(fresh.state_id, self.router.group_of(trainer.state_id))
+        self.router.set_sampler(trainer.state_id, name, fresh.state_id)
+        if snapshot is not None:
+            self._retire(snapshot)
+        return fresh
+
+    def _retire(self, state: ModelState) -> None:
+        group = self.schedulers[self.router.group_of(state.state_id)]
+        group.retire(state.state_id, lambda: (self.router.unbind(state.state_id), self._node_of(state).remove(state.state_id)))
+
+    def _node_of(self, state: ModelState) -> StateManager:
+        return self.state_managers[self.router.group_of(state.state_id)]
+
+    # -- observability --------------------------------------------------------------------------------
+    def report_step(self, job: str, step: int, **fields) -> None:
+        """Mark a job's step boundary in the event log (used for profiling its demand)."""
+        self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
+
+    def events(self) -> list[dict]:
+        return self.telemetry.events.snapshot()
+
+    def write_events(self, path: str | Path) -> Path:
+        return self.telemetry.events.write(path)
+
+    def residency(self) -> dict[str, str]:
+        out = {}
+        for sm in self.state_managers:
+            with sm.lock:
+                for sid, s in sm.states.items():
+                    out[sid] = f"device:{s.device}" if s.tier is Tier.DEVICE else s.tier.value
+        return out
+
+    def metrics(self) -> dict:
+        out = self.telemetry.summary()
+        out["policy"] = self.policy.value
+        out["devices"] = self.devices
+        out["uptime_s"] = self.telemetry.now()
+        out["residency"] = self.residency()
+        for job, usage in out["jobs"].items():
+            group = self.router.placement(job)
+            usage["placement"] = {"group": group, "node": group}
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClusterClosed("the cluster is closed; no more calls are accepted")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for group in self.schedulers:
+            group.close()
+        for worker in self.workers:
+            worker.join(timeout=60)
+        self.telemetry.events.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _checked_policy(policy: str | Policy) -> Policy:
+    try:
+        return Policy.parse(policy)
+    except ValueError as exc:
+        raise errors.ConfigError(str(exc)) from None
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value < 1:
+            raise errors.ConfigError(f"{name}={value!r}; expected a positive integer")
+
+
+def _device_name(torch_device: str, index: int) -> str:
+    return f"cuda:{index}" if torch_device == "cuda" else torch_device

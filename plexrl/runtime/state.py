@@ -1,0 +1,148 @@
+"""A model state: one Hugging Face module and the flat memory its tensors live in.
+
+Layout of a trainable state, in float32 elements (N = number of parameters):
+    [0, N) weights | [N, 2N) gradients | [2N, 3N) Adam exp_avg | [3N, 4N) Adam exp_avg_sq
+A weights-only state (sampling snapshots, frozen reference/teacher models) has just [0, N).
+
+The module's parameters (and gradients) are always *views* into whichever copy is authoritative:
+the device arena region while DEVICE-resident, the persistent host buffer otherwise. Moving a
+state is a `copy_` between the two followed by `bind`, which re-points the views — no allocation
+on the switch path (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from plexrl import errors
+from plexrl.policy import Tier
+
+FLOAT_BYTES = 4
+
+
+@dataclass
+class ModelState:
+    state_id: str
+    job: str
+    name: str
+    module: torch.nn.Module
+    trainable: bool
+    source: str  # the folder it was loaded from
+    params: list[torch.nn.Parameter] = field(init=False)
+    numel: int = field(init=False)
+    host: torch.Tensor | None = None  # persistent host buffer (None while on DISK)
+    tier: Tier = Tier.HOST
+    device: int | None = None
+    offset: int | None = None
+    adam_step: int = 0
+    dirty: bool = False  # device copy changed since it was loaded
+    busy: bool = False
+    retired: bool = False
+    last_used_s: float = 0.0
+    spill_path: Path | None = None
+    _resident: torch.Tensor | None = field(default=None, repr=False)  # arena region while DEVICE
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.params = list(self.module.parameters())  # unique: tied weights appear once
+        self.numel = sum(p.numel() for p in self.params)
+
+    @property
+    def device_bytes(self) -> int:
+        return self.numel * FLOAT_BYTES * (4 if self.trainable else 1)
+
+    @property
+    def host_bytes(self) -> int:
+        return self.device_bytes
+
+    def segment(self, flat: torch.Tensor, index: int) -> torch.Tensor:
+        return flat[index * self.numel : (index + 1) * self.numel]
+
+    def bind(self, flat: torch.Tensor) -> None:
+        """Point every parameter (and gradient) at its place in `flat`."""
+        weights = self.segment(flat, 0)
+        grads = self.segment(flat, 1) if self.trainable else None
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.data = weights[offset : offset + n].view(p.shape)
+            if grads is not None:
+                p.grad = grads[offset : offset + n].view(p.shape)
+            offset += n
+
+    def unbind(self) -> None:
+        """While on DISK the module holds no memory; executing it is a bug and fails loudly."""
+        empty = torch.empty(0)
+        for p in self.params:
+            p.data = empty
+            p.grad = None
+
+    def current(self) -> torch.Tensor:
+        """The authoritative flat copy (its arena region when resident, else the host buffer)."""
+        if self.tier is Tier.DISK or self.host is None:
+            raise RuntimeError(f"state {self.state_id} is on disk; restore it first")
+        return self._resident if self.tier is Tier.DEVICE else self.host
+
+    def attach(self, region: torch.Tensor, device: int, offset: int) -> None:
+        self._resident, self.tier, self.device, self.offset = region, Tier.DEVICE, device, offset
+        self.bind(region)
+
+    def detach_to_host(self) -> None:
+        self._resident, self.tier, self.device, self.offset = None, Tier.HOST, None, None
+        self.bind(self.host)
+
+    def flat_weights(self) -> torch.Tensor:
+        return self.segment(self.current(), 0)
+
+    def zero_grad(self) -> None:
+        if self.trainable:
+            self.segment(self.current(), 1).zero_()
+
+
+def load_module(folder: str | Path) -> torch.nn.Module:
+    """Load a local Hugging Face causal LM folder in float32; a clear error if it is not one."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise errors.ModelLoadError(
+            f"base model folder {str(folder)!r} does not exist; expected a local Hugging Face model "
+            "folder (config.json + weights), e.g. one written by `plexrl tiny-model FOLDER`"
+        )
+    if not (path / "config.json").is_file():
+        raise errors.ModelLoadError(
+            f"base model folder {str(folder)!r} has no config.json; expected a Hugging Face model folder"
+        )
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a runtime's logs are not a terminal
+    try:
+        module = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    except Exception as exc:  # transformers raises many kinds; the user needs one clear message
+        raise errors.ModelLoadError(
+            f"could not load {str(folder)!r} as a causal LM with AutoModelForCausalLM: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    module.eval()  # no dropout: results must not depend on what else runs
+    return module
+
+
+def skeleton_like(module: torch.nn.Module) -> torch.nn.Module:
+    """A second module of the same architecture whose parameters hold no memory yet.
+
+    Built on the meta device (no initialisation cost); buffers such as rotary frequencies are
+    copied from `module` because `to_empty` leaves them uninitialised.
+    """
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        twin = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
+    twin.to_empty(device="cpu")
+    source_buffers = dict(module.named_buffers())
+    for name, buffer in twin.named_buffers():
+        buffer.copy_(source_buffers[name])
+    twin.eval()
+    return twin

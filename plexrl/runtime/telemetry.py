@@ -1,0 +1,68 @@
+"""Measurements flow through one object: the clock, the event log, the ledger, the estimates.
+
+Components call it with what happened; it keeps the accounting consistent (every recorded
+transition is in the event log and in the ledger) and thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from plexrl.policy import BandwidthEstimator, ExecEstimator, Ledger, Transition
+from plexrl.runtime.events import EventLog
+
+
+class Telemetry:
+    def __init__(self, events: EventLog, bandwidth_prior: float = 10e9, exec_prior_s: float = 0.05):
+        self.events = events
+        self.ledger = Ledger()
+        self.bandwidth = BandwidthEstimator(bandwidth_prior)
+        self.exec_estimates = ExecEstimator(exec_prior_s)
+        self._lock = threading.Lock()
+        self._t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def transition(self, t: Transition, job: str, moved_bytes: int, seconds: float, node: int, start: float) -> None:
+        device_side = t.device if t.kind.value in ("load", "offload") else None
+        with self._lock:
+            self.ledger.charge_transition(job, device_side, t.kind.value, moved_bytes, seconds)
+            self.bandwidth.observe(t.kind.value, moved_bytes, seconds)
+        self.events.emit(
+            start, "transition", kind=t.kind.value, state=t.state_id, job=job, device=t.device,
+            node=node, bytes=moved_bytes, seconds=seconds,
+        )
+
+    def executed(self, job: str, model: str, fn: str, device: int | None, seconds: float) -> None:
+        with self._lock:
+            if device is not None:
+                self.ledger.charge_exec(job, device, seconds)
+            self.exec_estimates.observe(model, fn, seconds)
+
+    def waited(self, job: str, seconds: float) -> None:
+        with self._lock:
+            self.ledger.record_wait(job, seconds)
+
+    def failed(self, job: str) -> None:
+        with self._lock:
+            self.ledger.record_failure(job)
+
+    def estimate(self, model: str, fn: str) -> float:
+        with self._lock:
+            return self.exec_estimates.estimate(model, fn)
+
+    def transfer_seconds(self, kind: str, nbytes: int) -> float:
+        with self._lock:
+            return self.bandwidth.seconds(kind, nbytes)
+
+    def bytes_per_s(self, kind: str) -> float:
+        with self._lock:
+            return self.bandwidth.bytes_per_s(kind)
+
+    def summary(self) -> dict:
+        with self._lock:
+            out = self.ledger.summary()
+            out["bandwidth_gbps"] = {k: self.bandwidth.bytes_per_s(k) / 1e9 for k in ("load", "offload", "spill", "restore")}
+        return out
