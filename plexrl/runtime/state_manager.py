@@ -114,6 +114,8 @@ class StateManager:
             state.tier = Tier.HOST
             state.bind(host)
             self.states[state.state_id] = state
+            self.telemetry.events.emit(self.telemetry.now(), "state_added", state=state.state_id, job=state.job,
+                                       node=self.node, host_bytes=state.host_bytes, device_bytes=state.device_bytes)
 
     def remove(self, state_id: str) -> None:
         with self.lock:
@@ -123,6 +125,9 @@ class StateManager:
             state._resident = None
             if state.spill_path is not None:
                 state.spill_path.unlink(missing_ok=True)
+            self.telemetry.events.emit(self.telemetry.now(), "state_removed", state=state_id, job=state.job,
+                                       node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
+                                       device=state.device, device_bytes=state.device_bytes)
 
     def _host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=self.pin_memory)
@@ -178,7 +183,7 @@ class StateManager:
         t0 = time.perf_counter()
         moved = getattr(self, "_" + t.kind.value)(state, t)
         seconds = time.perf_counter() - t0
-        self.telemetry.transition(t, job, moved, seconds, self.node, start)
+        self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes)
         return seconds
 
     def _load(self, state: ModelState, t: Transition) -> int:

@@ -25,14 +25,15 @@ class Telemetry:
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def transition(self, t: Transition, job: str, moved_bytes: int, seconds: float, node: int, start: float) -> None:
+    def transition(self, t: Transition, job: str, moved_bytes: int, seconds: float, node: int, start: float,
+                   state_bytes: int = 0) -> None:
         device_side = t.device if t.kind.value in ("load", "offload") else None
         with self._lock:
             self.ledger.charge_transition(job, device_side, t.kind.value, moved_bytes, seconds)
             self.bandwidth.observe(t.kind.value, moved_bytes, seconds)
         self.events.emit(
             start, "transition", kind=t.kind.value, state=t.state_id, job=job, device=t.device,
-            node=node, bytes=moved_bytes, seconds=seconds,
+            node=node, bytes=moved_bytes, seconds=seconds, state_bytes=state_bytes,
         )
 
     def executed(self, job: str, model: str, fn: str, device: int | None, seconds: float) -> None:
