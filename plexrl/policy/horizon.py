@@ -1,0 +1,131 @@
+"""The cyclic time horizon: projected device demand of every node group over [t, t+H).
+
+One ring buffer per node group, stored as the rows of one (groups, H) array so the placer can
+score all groups with a few numpy operations. Slots have a fixed width `slot_s`; absolute slot
+a (covering [a * slot_s, (a + 1) * slot_s)) lives in column a % H while it is in the window.
+Moving time forward recomputes only the columns that fell out of the window (they now hold
+the slots that entered it), so the buffer never grows: space is H per group, whatever the
+number of jobs or how long they run.
+
+A placed job contributes its profile tiled from its anchor (its first step starts at
+`anchor_s`, later steps every `period_s`), averaged exactly over each slot. Jobs are assumed to
+be in steady state across the window; the runtime re-places a job whose profile drifts.
+
+Invariant (tested): every column equals the sum of the placed jobs' projections onto the
+absolute slot it holds, after any sequence of add, remove and advance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from plexrl.policy.profile import JobProfile, average_demand
+
+
+class Horizon:
+    def __init__(self, groups: int, slots: int, slot_s: float):
+        if groups < 1 or slots < 1:
+            raise ValueError(f"a Horizon needs >= 1 group and >= 1 slot, got {groups} and {slots}")
+        if not slot_s > 0:
+            raise ValueError(f"slot_s must be > 0 seconds, got {slot_s}")
+        self.slots, self.slot_s = slots, float(slot_s)
+        self.load = np.zeros((groups, slots))
+        self.origin = 0  # absolute slot at the start of the window
+        self._jobs: dict[str, tuple[int, JobProfile, float]] = {}  # job -> (row, profile, anchor)
+        self._cumulative: dict[str, np.ndarray] = {}  # job -> its profile's cumulative busy time
+        self._table: _JobTable | None = None  # flat copy of _jobs for advance; None when stale
+
+    def project(self, profile: JobProfile, anchor_s: float, first_slot: int, n: int) -> np.ndarray:
+        """Mean busy devices of `profile` anchored at `anchor_s` over absolute slots
+        [first_slot, first_slot + n)."""
+        edges = (first_slot + np.arange(n + 1)) * self.slot_s - anchor_s
+        return average_demand(profile, edges)
+
+    def columns(self, first_slot: int, n: int) -> np.ndarray:
+        return (first_slot + np.arange(n)) % self.slots
+
+    def positions(self) -> np.ndarray:
+        """For each column, its offset from the window start (0 = the slot holding now)."""
+        return (np.arange(self.slots) - self.origin) % self.slots
+
+    def advance(self, now: float) -> None:
+        """Move the window to start at the slot holding `now`."""
+        start = math.floor(now / self.slot_s)
+        if start < self.origin:
+            raise ValueError(
+                f"time went backwards: now={now} s is before the horizon start "
+                f"{self.origin * self.slot_s} s"
+            )
+        entered = min(start - self.origin, self.slots)
+        self.origin = start
+        if entered:
+            self._recompute(first_slot=start + self.slots - entered, n=entered)
+
+    def add(self, job: str, row: int, profile: JobProfile, anchor_s: float) -> None:
+        if job in self._jobs:
+            raise ValueError(f"job {job!r} is already on the horizon")
+        self._jobs[job] = (row, profile, anchor_s)
+        self._cumulative[job] = profile.cumulative()
+        self._table = None
+        cols = self.columns(self.origin, self.slots)
+        self.load[row, cols] += self.project(profile, anchor_s, self.origin, self.slots)
+
+    def remove(self, job: str) -> None:
+        """Take `job` off; its row is rebuilt from the remaining jobs (no subtraction residue)."""
+        row, _, _ = self._jobs.pop(job)
+        del self._cumulative[job]
+        self._table = None
+        self.load[row] = 0.0
+        cols = self.columns(self.origin, self.slots)
+        for other_row, profile, anchor in self._jobs.values():
+            if other_row == row:
+                self.load[row, cols] += self.project(profile, anchor, self.origin, self.slots)
+
+    def window(self, row: int) -> np.ndarray:
+        """One group's load in time order, from the slot holding now."""
+        return np.roll(self.load[row], -(self.origin % self.slots))
+
+    def overload_s(self, capacity: np.ndarray) -> np.ndarray:
+        """Device-seconds of projected overload per group: sum of max(0, load - capacity) * slot."""
+        return np.maximum(self.load - np.asarray(capacity)[:, None], 0.0).sum(axis=1) * self.slot_s
+
+    def _recompute(self, first_slot: int, n: int) -> None:
+        cols = self.columns(first_slot, n)
+        self.load[:, cols] = 0.0
+        if self._jobs:
+            rows, values = self._project_all(first_slot, n)
+            np.add.at(self.load, (rows[:, None], cols[None, :]), values)
+
+    def _project_all(self, first_slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """`project` for every placed job at once: (rows, values of shape (jobs, n)).
+
+        All jobs' cumulative-busy tables are laid side by side on one axis (job j's step maps
+        onto [2j, 2j + 1]) so a single np.interp serves them all; time moves every slot, so
+        this is the hot path of `advance`.
+        """
+        if self._table is None:
+            self._table = _JobTable(list(self._jobs.values()), list(self._cumulative.values()))
+        t = self._table
+        edges = (first_slot + np.arange(n + 1))[None, :] * self.slot_s - t.anchor[:, None]
+        steps, within = np.divmod(edges, t.period[:, None])
+        x = t.offset[:, None] + within / t.period[:, None]
+        busy = steps * t.per_step[:, None] + np.interp(x, t.xs, t.ys)
+        return t.rows, np.diff(busy, axis=1) / self.slot_s
+
+
+class _JobTable:
+    """The placed jobs' profiles as flat arrays (see `Horizon._project_all`)."""
+
+    def __init__(self, jobs: list[tuple[int, JobProfile, float]], cumulative: list[np.ndarray]):
+        self.rows = np.array([row for row, _, _ in jobs], dtype=np.int64)
+        self.anchor = np.array([anchor for _, _, anchor in jobs])
+        self.period = np.array([p.period_s for _, p, _ in jobs])
+        self.offset = 2.0 * np.arange(len(jobs))
+        sizes = np.array([len(c) for c in cumulative])
+        self.per_step = np.array([c[-1] for c in cumulative])
+        # job j's slot edges: 2j + i / (n_j - 1) for i = 0 .. n_j - 1
+        within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        self.xs = np.repeat(self.offset, sizes) + within / np.repeat(sizes - 1, sizes)
+        self.ys = np.concatenate(cumulative)

@@ -1,0 +1,253 @@
+"""Placement: which node group a job's models live on, and with what phase shift (DESIGN §6).
+
+`Placer.place(profile, now)` returns `Placement(group, phase_shift_s, score, devices,
+inflation)` or `Wait(reason)`, and commits a placement it returns; `release(job)` gives the
+room back. `decide` is the same decision without committing. Decisions are deterministic:
+the same placer state, profile and time give the same answer.
+
+How a decision is made:
+1. memory: only groups where every model fits a device arena and the job's host buffers fit
+   its nodes are considered (`ResourceView`, searched pod by pod);
+2. contention: for each such group g and each candidate phase shift phi (multiples of the
+   horizon slot inside one period, at most `max_shifts` of them),
+       score(g, phi) = sum over slots of max(0, load_g + shift(demand, phi) - capacity_g) * slot_s,
+   the device-time of projected overload. Only slots where load_g + max(demand) exceeds the
+   capacity can overload, so only those are evaluated, for all shifts at once (a gather from
+   one projection of the job, shifted by index);
+3. choice: lowest score; ties go to the group already carrying more load (packing keeps empty
+   groups for large jobs), then to the earlier group, then to the smaller shift;
+4. slack: the chosen placement's step inflation for the job is estimated and the job waits
+   when it exceeds the job's slack.
+
+Inflation model (ours): fluid processor sharing. In a slot where the group's demand L + d
+exceeds its capacity c, every busy device-demand progresses at c / (L + d), so the job's work
+in that slot takes (L + d) / c times as long: it stretches by overload / c. The job's step
+inflation is the mean stretch over its busy time, weighted by its demand:
+    inflation = sum_i d_i * overload_i / c  /  sum_i d_i.
+First order: it ignores that a stretched phase moves the job's later phases.
+
+`FirstFit` is the baseline: the first memory-feasible group, no phase shift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from plexrl.policy.horizon import Horizon
+from plexrl.policy.profile import JobProfile
+from plexrl.policy.resources import ResourceView
+
+_TINY = 1e-9  # devices; overload below this is float residue, not contention
+_CHUNK_CELLS = 1 << 21  # bounds the (shifts x hot slots) scratch array to ~16 MB
+_BLOCK_GROUPS = 8  # hot groups scored per step of the pruned search
+
+
+@dataclass(frozen=True)
+class Placement:
+    group: str
+    phase_shift_s: float
+    score: float  # device-seconds of projected overload on the group over the horizon
+    devices: tuple[int, ...] = ()
+    inflation: float = 0.0  # estimated step inflation of the job, a fraction
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Placed:
+    profile: JobProfile
+    placement: Placement
+    anchor_s: float
+
+
+class Placer:
+    def __init__(self, view: ResourceView, horizon_slots: int = 1024, slot_s: float = 1.0, max_shifts: int = 64):
+        if max_shifts < 1:
+            raise ValueError(f"max_shifts must be >= 1, got {max_shifts}")
+        self.view = view
+        self.horizon = Horizon(len(view.groups), horizon_slots, slot_s)
+        self.max_shifts = max_shifts
+        self._placed: dict[str, _Placed] = {}
+
+    # -- the API -------------------------------------------------------------------------------
+
+    def place(self, profile: JobProfile, now: float) -> Placement | Wait:
+        decision = self.decide(profile, now)
+        if isinstance(decision, Placement):
+            self.commit(profile, decision, now)
+        return decision
+
+    def decide(self, profile: JobProfile, now: float) -> Placement | Wait:
+        if profile.job in self._placed:
+            raise ValueError(f"job {profile.job!r} is already placed; release or re-place it")
+        self.horizon.advance(now)
+        groups = self.view.feasible_groups(profile)
+        if len(groups) == 0:
+            return Wait(self.view.shortfall(profile))
+        shifts = self._shift_slots(profile)
+        demand = self._shifted_demand(profile, now, shifts)
+        scores = self._scores(groups, demand)
+        g, k = self._pick(groups, scores)
+        return self._judge(profile, int(groups[g]), int(shifts[k]), float(scores[g, k]), demand[k])
+
+    def commit(self, profile: JobProfile, placement: Placement, now: float) -> None:
+        if len(placement.devices) != profile.devices:
+            raise ValueError(
+                f"placement of job {profile.job!r} names {len(placement.devices)} devices, "
+                f"the job needs {profile.devices}"
+            )
+        self.horizon.advance(now)
+        self._hold(_Placed(profile, placement, now + placement.phase_shift_s))
+
+    def release(self, job: str) -> None:
+        placed = self._placed.pop(job, None)
+        if placed is not None:
+            self.view.free(job)
+            self.horizon.remove(job)
+
+    def replace(self, profile: JobProfile, now: float) -> Placement | Wait:
+        """Re-place a placed job with a new (measured) profile; on Wait it keeps its old place."""
+        old = self._placed[profile.job]
+        self.release(profile.job)
+        decision = self.place(profile, now)
+        if isinstance(decision, Wait):
+            self._hold(old)
+        return decision
+
+    def placements(self) -> dict[str, Placement]:
+        return {job: p.placement for job, p in self._placed.items()}
+
+    def overload_s(self) -> float:
+        """Projected overload of the whole cluster over the horizon, in device-seconds."""
+        return float(self.horizon.overload_s(self.view.capacity).sum())
+
+    # -- the steps of a decision ---------------------------------------------------------------
+
+    def _shift_slots(self, profile: JobProfile) -> np.ndarray:
+        distinct = max(1, int(np.ceil(profile.period_s / self.horizon.slot_s - 1e-9)))
+        stride = -(-distinct // self.max_shifts)
+        return np.arange(0, distinct, stride)
+
+    def _shifted_demand(self, profile: JobProfile, now: float, shifts: np.ndarray) -> np.ndarray:
+        """demand[k, c]: the job started at now + shifts[k] slots, in ring column c.
+
+        One projection over [origin - max shift, origin + H) serves every shift: shifting by k
+        slots is reading it k slots earlier.
+        """
+        h, top = self.horizon, int(shifts[-1])
+        extended = h.project(profile, now, h.origin - top, h.slots + top)
+        by_time = sliding_window_view(extended, h.slots)[top - shifts]
+        return by_time[:, h.positions()]
+
+    def _scores(self, groups: np.ndarray, demand: np.ndarray) -> np.ndarray:
+        """score[g, k]: overload device-seconds of `groups[g]` with the job shifted by shifts[k].
+
+        Exact pruning: a group with no hot slot (one where load + the job's peak demand exceeds
+        capacity) scores 0 at every shift. Once some group scores 0, groups carrying less load
+        can at best tie at 0 and lose the tie-break, so they are left at +inf unscored; hot
+        groups are visited from the most loaded down.
+        """
+        hot = self._hot(groups, demand)
+        carried = self._carried(groups)
+        cool = ~hot.any(axis=1)
+        scores = np.full((len(groups), len(demand)), np.inf)
+        scores[cool] = 0.0
+        floor = carried[cool].max() if cool.any() else -np.inf
+        hot_rows = np.flatnonzero(~cool)
+        hot_rows = hot_rows[np.lexsort((hot_rows, -carried[hot_rows]))]
+        for lo in range(0, len(hot_rows), _BLOCK_GROUPS):
+            block = hot_rows[lo: lo + _BLOCK_GROUPS]
+            if carried[block[0]] < floor:
+                break
+            scores[block] = self._overload(groups[block], demand, hot[block])
+            zero = block[scores[block].min(axis=1) == 0]
+            if len(zero):
+                floor = max(floor, carried[zero].max())
+        return scores
+
+    def _hot(self, groups: np.ndarray, demand: np.ndarray) -> np.ndarray:
+        peak = demand.max()
+        return self.horizon.load[groups] + peak > self.view.capacity[groups][:, None] + _TINY
+
+    def _overload(self, groups: np.ndarray, demand: np.ndarray, hot: np.ndarray) -> np.ndarray:
+        """Scores of a few groups for all shifts at once, from their hot slots only (the others
+        cannot overload at any shift)."""
+        scores = np.zeros((len(groups), len(demand)))
+        rows, cols = np.nonzero(hot)
+        if len(rows) == 0:
+            return scores
+        base = self.horizon.load[groups[rows], cols] - self.view.capacity[groups[rows]]
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        per_chunk = max(1, _CHUNK_CELLS // len(rows))
+        for lo in range(0, len(demand), per_chunk):
+            over = np.take(demand[lo: lo + per_chunk], cols, axis=1)
+            over += base
+            np.maximum(over, 0.0, out=over)
+            scores[rows[starts], lo: lo + len(over)] = np.add.reduceat(over, starts, axis=1).T
+        # rounding to a micro device-second turns float residue into exact zeros and ties
+        return np.round(scores * self.horizon.slot_s, 6)
+
+    def _carried(self, groups: np.ndarray) -> np.ndarray:
+        """Projected demand already on each group (rounded so float residue cannot break ties)."""
+        return np.round(self.horizon.load[groups].sum(axis=1), 6)
+
+    def _pick(self, groups: np.ndarray, scores: np.ndarray) -> tuple[int, int]:
+        """(row, shift index) of the best candidate; see the module docstring for tie-breaks."""
+        n_groups, n_shifts = scores.shape
+        order = np.lexsort((
+            np.tile(np.arange(n_shifts), n_groups),
+            np.repeat(np.arange(n_groups), n_shifts),
+            np.repeat(-self._carried(groups), n_shifts),
+            scores.ravel(),
+        ))
+        return divmod(int(order[0]), n_shifts)
+
+    def _judge(self, profile: JobProfile, group: int, shift: int, score: float, demand: np.ndarray) -> Placement | Wait:
+        h = self.horizon
+        inflation = step_inflation(h.load[group], demand, self.view.capacity[group])
+        name = self.view.groups[group].name
+        if inflation > profile.slack:
+            return Wait(
+                f"job {profile.job!r} would be slowed by {inflation:.0%}, beyond its slack of "
+                f"{profile.slack:.0%}: even the best placement (group {name!r}, phase shift "
+                f"{shift * h.slot_s:g} s) projects {score:.1f} device-s of overload over the horizon"
+            )
+        devices = self.view.choose_devices(group, profile)
+        return Placement(name, shift * h.slot_s, score, devices, inflation)
+
+    def _hold(self, placed: _Placed) -> None:
+        job, p = placed.profile.job, placed.placement
+        self.view.allocate(job, p.devices, placed.profile.host_bytes_per_device)
+        self.horizon.add(job, self.view.index[p.group], placed.profile, placed.anchor_s)
+        self._placed[job] = placed
+
+
+def step_inflation(load: np.ndarray, demand: np.ndarray, capacity: float) -> float:
+    """Estimated step inflation of a job with `demand` joining `load`, slot by slot (fluid
+    sharing, see the module docstring)."""
+    busy = demand.sum()
+    if busy <= 0:
+        return 0.0
+    overload = np.maximum(load + demand - capacity, 0.0)
+    return float((demand * overload).sum() / capacity / busy)
+
+
+class FirstFit(Placer):
+    """Baseline: the first group (in topology order) where the memory fits, phase shift 0."""
+
+    def _shift_slots(self, profile: JobProfile) -> np.ndarray:
+        return np.zeros(1, dtype=np.int64)
+
+    def _scores(self, groups: np.ndarray, demand: np.ndarray) -> np.ndarray:
+        scores = np.full((len(groups), len(demand)), np.inf)
+        scores[:1] = self._overload(groups[:1], demand, self._hot(groups[:1], demand))
+        return scores
+
+    def _pick(self, groups: np.ndarray, scores: np.ndarray) -> tuple[int, int]:
+        return 0, 0

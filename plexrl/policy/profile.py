@@ -1,0 +1,221 @@
+"""A job's demand profile: what it asks of a node group over one step, and how to measure it.
+
+A `JobProfile` is periodic: one step lasts `period_s` and is cut into `len(demand)` equal
+slots; `demand[i]` is how many of the job's devices are busy in slot i (fractional when a
+device is busy for part of the slot). Memory is per model and per device the job runs on:
+`device_bytes` while the model's state is resident in a device arena, `host_bytes` for its
+persistent host buffer while offloaded. A job on n devices holds n such copies (or shards),
+one per device, each with its host buffer on that device's node.
+
+Online profiling (`profile_from_events`) turns the runtime's event log into a profile:
+- busy = from a request's "start" to its "end" on a device, plus the device-side transitions
+  (load, offload) made for the job, because the ledger charges those to the job as well;
+- step boundaries come from the job's {"event": "step"} records; each complete step is
+  stretched onto the median step period (keeping the order and proportion of its phases) and
+  the demand is the mean over steps.
+`drifted` says when a measured profile has moved far enough from the one a job was placed
+with that the runtime should re-place it.
+
+Invariants (tests/test_profile.py): 0 <= demand <= devices; the busy device-time of a
+measured profile equals the busy time in the events it was built from (when each step lasts
+the period); a profile compared with itself never drifts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+DEFAULT_SLACK = 0.10
+_DEVICE_TRANSITIONS = ("load", "offload")
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """One model of a job: bytes per device while resident, and while offloaded to host."""
+
+    name: str
+    device_bytes: int
+    host_bytes: int
+
+    def __post_init__(self) -> None:
+        for field_name in ("device_bytes", "host_bytes"):
+            value = getattr(self, field_name)
+            if value < 0:
+                raise ValueError(f"model {self.name!r}: {field_name} must be >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    job: str
+    period_s: float
+    demand: tuple[float, ...]
+    devices: int
+    models: tuple[ModelMemory, ...]
+    slack: float = DEFAULT_SLACK
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "demand", tuple(float(d) for d in self.demand))
+        object.__setattr__(self, "models", tuple(self.models))
+        where = f"profile of job {self.job!r}"
+        if not (self.period_s > 0 and math.isfinite(self.period_s)):
+            raise ValueError(f"{where}: period_s must be a positive number of seconds, got {self.period_s}")
+        if self.devices < 1:
+            raise ValueError(f"{where}: devices must be >= 1, got {self.devices}")
+        if not self.demand:
+            raise ValueError(f"{where}: demand needs at least one slot")
+        bad = [d for d in self.demand if not (0.0 <= d <= self.devices + 1e-9)]
+        if bad:
+            raise ValueError(
+                f"{where}: every demand slot must lie in [0, devices={self.devices}], got {bad[0]}"
+            )
+        if not self.models:
+            raise ValueError(f"{where}: needs at least one model (its memory is what gets placed)")
+        if not self.slack >= 0:
+            raise ValueError(f"{where}: slack must be >= 0 (a fraction of the step), got {self.slack}")
+
+    @property
+    def slot_s(self) -> float:
+        return self.period_s / len(self.demand)
+
+    @property
+    def device_bytes(self) -> int:
+        """The largest single resident state: what one device arena must be able to hold."""
+        return max(m.device_bytes for m in self.models)
+
+    @property
+    def host_bytes_per_device(self) -> int:
+        """Host buffers of all the job's models, for one of its devices."""
+        return sum(m.host_bytes for m in self.models)
+
+    @property
+    def busy_device_s(self) -> float:
+        """Device-seconds the job is busy over one step."""
+        return sum(self.demand) * self.slot_s
+
+    def cumulative(self) -> np.ndarray:
+        """Busy device-seconds from the step start to each slot edge (len(demand) + 1 values)."""
+        return np.concatenate(([0.0], np.cumsum(np.asarray(self.demand) * self.slot_s)))
+
+
+def average_demand(profile: JobProfile, edges_s: np.ndarray) -> np.ndarray:
+    """Mean busy devices between consecutive times in `edges_s` (seconds since a step start).
+
+    The profile repeats every period, so any times work, negative ones included. Exact for the
+    piecewise-constant demand: it differences the cumulative busy time at the edges.
+    """
+    cum = profile.cumulative()
+    per_step = cum[-1]
+    steps, within = np.divmod(np.asarray(edges_s, dtype=float), profile.period_s)
+    grid = np.linspace(0.0, profile.period_s, len(profile.demand) + 1)
+    busy = steps * per_step + np.interp(within, grid, cum)
+    return np.diff(busy) / np.diff(edges_s)
+
+
+def resample(profile: JobProfile, slots: int) -> np.ndarray:
+    """The profile's demand averaged onto `slots` equal slots of one step."""
+    return average_demand(profile, np.linspace(0.0, profile.period_s, slots + 1))
+
+
+def profile_from_events(
+    events: Iterable[Mapping],
+    job: str,
+    slot_s: float,
+    models: Sequence[ModelMemory],
+    devices: int | None = None,
+    slack: float = DEFAULT_SLACK,
+    last_steps: int | None = None,
+) -> JobProfile:
+    """Measure `job`'s profile from event-log records (see the module docstring).
+
+    `devices` defaults to the number of distinct devices the job was busy on. `last_steps`
+    keeps only the most recent complete steps (all by default). The slot width is `slot_s`
+    rounded so that a whole number of slots makes one period.
+    """
+    if slot_s <= 0:
+        raise ValueError(f"slot_s must be > 0 seconds, got {slot_s}")
+    records = [e for e in events if e.get("job") == job]
+    bounds = _step_bounds(records, job, last_steps)
+    intervals = _busy_intervals(records, end_s=bounds[-1])
+    durations = np.diff(bounds)
+    period = float(np.median(durations))
+    slots = max(1, round(period / slot_s))
+    busy = np.zeros(slots)
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        busy += _fold_step(intervals, start, end, period, slots)
+    used = {device for _, _, device in intervals}
+    n_devices = devices if devices is not None else max(1, len(used))
+    demand = np.minimum(busy / len(durations) / (period / slots), n_devices)
+    return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack)
+
+
+def _step_bounds(records: list[Mapping], job: str, last_steps: int | None) -> np.ndarray:
+    times = sorted(float(e["t"]) for e in records if e.get("event") == "step")
+    if len(times) < 2:
+        raise ValueError(
+            f"job {job!r}: profiling needs at least two 'step' records (one complete step), "
+            f"found {len(times)}"
+        )
+    if last_steps is not None:
+        if last_steps < 1:
+            raise ValueError(f"last_steps must be >= 1, got {last_steps}")
+        times = times[-(last_steps + 1):]
+    return np.asarray(times)
+
+
+def _busy_intervals(records: list[Mapping], end_s: float) -> list[tuple[float, float, int]]:
+    """(start, end, device) of every busy period; a request still running is busy until `end_s`."""
+    started: dict[object, tuple[float, int]] = {}
+    intervals: list[tuple[float, float, int]] = []
+    for e in sorted(records, key=lambda r: float(r["t"])):
+        kind, device = e.get("event"), e.get("device")
+        if kind == "start" and device is not None:
+            started[e.get("request_id")] = (float(e["t"]), int(device))
+        elif kind == "end" and e.get("request_id") in started:
+            t0, dev = started.pop(e.get("request_id"))
+            intervals.append((t0, float(e["t"]), dev))
+        elif kind == "transition" and device is not None and e.get("kind") in _DEVICE_TRANSITIONS:
+            t0 = float(e["t"])
+            intervals.append((t0, t0 + float(e.get("seconds", 0.0)), int(device)))
+    intervals.extend((t0, max(t0, end_s), dev) for t0, dev in started.values())
+    return intervals
+
+
+def _fold_step(
+    intervals: list[tuple[float, float, int]], start: float, end: float, period: float, slots: int
+) -> np.ndarray:
+    """Busy device-seconds per slot of one step [start, end), stretched onto `period`."""
+    scale = period / (end - start)
+    edges = np.linspace(0.0, period, slots + 1)
+    busy = np.zeros(slots)
+    for t0, t1, _ in intervals:
+        a, b = (max(t0, start) - start) * scale, (min(t1, end) - start) * scale
+        if b > a:
+            busy += np.clip(np.minimum(b, edges[1:]) - np.maximum(a, edges[:-1]), 0.0, None)
+    return busy
+
+
+def drift(placed: JobProfile, measured: JobProfile) -> float:
+    """How far `measured` has moved from `placed`, as a fraction.
+
+    The larger of the relative change of the period and the L1 distance between the two
+    demand shapes (both resampled onto a common grid of one step) relative to the placed busy
+    time. A different device count is infinite drift: the job needs another kind of group.
+    """
+    if placed.devices != measured.devices:
+        return math.inf
+    period_change = abs(measured.period_s - placed.period_s) / placed.period_s
+    slots = max(len(placed.demand), len(measured.demand))
+    a, b = resample(placed, slots), resample(measured, slots)
+    scale = max(a.sum(), 1e-12)
+    return max(period_change, float(np.abs(a - b).sum() / scale))
+
+
+def drifted(placed: JobProfile, measured: JobProfile, tolerance: float = 0.2) -> bool:
+    """True when the runtime should re-place the job at its next step boundary."""
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    return drift(placed, measured) > tolerance

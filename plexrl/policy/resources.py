@@ -1,0 +1,193 @@
+"""The cluster as the placer sees it: pods -> node groups -> nodes -> devices, and who sits where.
+
+Topology is frozen data (`Node`, `NodeGroup`); occupancy (host bytes committed per node, jobs
+per device) lives in numpy arrays inside `ResourceView` so that checking 256 groups is a few
+vector operations.
+
+Memory rule (our design, DESIGN §4): devices of a group are time-shared, and a state is made
+resident only when it runs, evicting others from the arena. So device memory is a per-state
+check: every model of a job must fit one device arena on its own (`JobProfile.device_bytes`
+<= the device's budget). Host memory is what is really committed: each of a job's devices
+gets a copy of all its models' host buffers on that device's node, and the sum committed on a
+node never exceeds the node's host bytes. Invariant (tested): `host_used <= host_bytes` on
+every node, always.
+
+Search goes top-down: pods whose best group cannot possibly fit the job (too few devices,
+arenas too small, no node with room for one copy) are skipped before any group of theirs
+is examined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from plexrl.policy.profile import JobProfile
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    devices: tuple[int, ...]  # cluster-wide device ids
+    device_bytes: int  # arena budget of each device
+    host_bytes: int
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    name: str
+    pod: str
+    nodes: tuple[Node, ...]
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(d for node in self.nodes for d in node.devices)
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{int(n)} bytes ({n / 2**30:.2f} GiB)"
+
+
+class ResourceView:
+    """Topology plus occupancy. Groups keep their given order; that order breaks ties."""
+
+    def __init__(self, groups: Sequence[NodeGroup]):
+        if not groups:
+            raise ValueError("a ResourceView needs at least one node group")
+        names = [g.name for g in groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"node group names must be unique, got {names}")
+        self.groups = tuple(groups)
+        self.index = {g.name: i for i, g in enumerate(self.groups)}
+        nodes = [(gi, node) for gi, g in enumerate(self.groups) for node in g.nodes]
+        self.nodes = tuple(node for _, node in nodes)
+        self.node_group = np.array([gi for gi, _ in nodes], dtype=np.int64)
+        self.node_devices = np.array([len(n.devices) for n in self.nodes], dtype=np.int64)
+        self.node_arena = np.array([n.device_bytes for n in self.nodes], dtype=np.int64)
+        self.node_host = np.array([n.host_bytes for n in self.nodes], dtype=np.int64)
+        self.host_used = np.zeros(len(self.nodes), dtype=np.int64)
+        self.group_first_node = np.searchsorted(self.node_group, np.arange(len(self.groups)))
+        self.capacity = np.array([len(g.devices) for g in self.groups], dtype=float)
+        self.device_jobs: dict[int, int] = {d: 0 for g in self.groups for d in g.devices}
+        pods = sorted({g.pod for g in self.groups}, key=[g.pod for g in self.groups].index)
+        self.pod_groups = {p: np.array([i for i, g in enumerate(self.groups) if g.pod == p]) for p in pods}
+        self.pod_nodes = {p: np.isin(self.node_group, members) for p, members in self.pod_groups.items()}
+        self._node_of = {d: n for n, node in enumerate(self.nodes) for d in node.devices}
+        self._held: dict[str, tuple[tuple[int, ...], np.ndarray]] = {}  # job -> (devices, host bytes per node)
+
+    @classmethod
+    def uniform(
+        cls, pods: int, groups_per_pod: int, nodes_per_group: int, devices_per_node: int,
+        device_bytes: int, host_bytes: int,
+    ) -> "ResourceView":
+        """A homogeneous cluster; device ids count up through pods, groups and nodes."""
+        groups, next_device = [], 0
+        for p in range(pods):
+            for g in range(groups_per_pod):
+                nodes = []
+                for n in range(nodes_per_group):
+                    devices = tuple(range(next_device, next_device + devices_per_node))
+                    next_device += devices_per_node
+                    nodes.append(Node(f"pod{p}/g{g}/n{n}", devices, device_bytes, host_bytes))
+                groups.append(NodeGroup(f"pod{p}/g{g}", f"pod{p}", tuple(nodes)))
+        return cls(groups)
+
+    # -- feasibility ---------------------------------------------------------------------------
+
+    def copies_per_node(self, profile: JobProfile) -> np.ndarray:
+        """How many of the job's devices each node could take, by arena size and free host memory."""
+        per_copy = profile.host_bytes_per_device
+        free = self.node_host - self.host_used
+        by_host = free // per_copy if per_copy > 0 else self.node_devices
+        fits_arena = self.node_arena >= profile.device_bytes
+        return np.where(fits_arena, np.minimum(self.node_devices, by_host), 0)
+
+    def feasible_groups(self, profile: JobProfile) -> np.ndarray:
+        """Indices (ascending) of the groups where the job's memory fits, searched pod by pod."""
+        copies = self.copies_per_node(profile)
+        per_group = np.add.reduceat(copies, self.group_first_node)
+        found = []
+        for pod, members in self.pod_groups.items():
+            if self._pod_may_fit(pod, profile):
+                found.append(members[per_group[members] >= profile.devices])
+        return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+    def _pod_may_fit(self, pod: str, profile: JobProfile) -> bool:
+        """A cheap upper bound over a whole pod; False means no group in it can fit."""
+        members, nodes = self.pod_groups[pod], self.pod_nodes[pod]
+        free = self.node_host[nodes] - self.host_used[nodes]
+        return bool(
+            self.capacity[members].max() >= profile.devices
+            and self.node_arena[nodes].max() >= profile.device_bytes
+            and free.max() >= profile.host_bytes_per_device
+        )
+
+    def shortfall(self, profile: JobProfile) -> str:
+        """Why no group fits the job's memory, naming the resource that is short."""
+        need = profile.devices
+        if self.capacity.max() < need:
+            return f"no node group has {need} devices: the largest has {int(self.capacity.max())}"
+        if self.node_arena.max() < profile.device_bytes:
+            big = max(profile.models, key=lambda m: m.device_bytes)
+            return (
+                f"no device arena can hold model {big.name!r} of job {profile.job!r}: needs "
+                f"{_fmt_bytes(big.device_bytes)}, the largest arena has {_fmt_bytes(self.node_arena.max())}"
+            )
+        per_copy = profile.host_bytes_per_device
+        free = np.where(self.node_arena >= profile.device_bytes, self.node_host - self.host_used, 0)
+        best = int(np.add.reduceat(np.minimum(free, self.node_devices * per_copy), self.group_first_node).max())
+        return (
+            f"no node group has {need} free devices' worth of host memory: job {profile.job!r} needs "
+            f"{_fmt_bytes(need * per_copy)} ({need} x {per_copy}), the best group has {_fmt_bytes(best)}"
+        )
+
+    # -- occupancy -----------------------------------------------------------------------------
+
+    def choose_devices(self, group: int, profile: JobProfile) -> tuple[int, ...]:
+        """The job's devices in `group`: nodes with the most free host first, then the devices
+        with the fewest jobs, so copies spread and host memory stays balanced."""
+        copies = self.copies_per_node(profile)
+        first = self.group_first_node[group]
+        order = sorted(range(first, first + len(self.groups[group].nodes)),
+                       key=lambda n: (-(self.node_host[n] - self.host_used[n]), n))
+        chosen: list[int] = []
+        for n in order:
+            take = min(int(copies[n]), profile.devices - len(chosen))
+            by_jobs = sorted(self.nodes[n].devices, key=lambda d: (self.device_jobs[d], d))
+            chosen.extend(by_jobs[:take])
+            if len(chosen) == profile.devices:
+                return tuple(sorted(chosen))
+        raise ValueError(
+            f"job {profile.job!r} does not fit node group {self.groups[group].name!r}: "
+            f"needs {profile.devices} devices with host room, found {len(chosen)}"
+        )
+
+    def allocate(self, job: str, devices: Sequence[int], host_bytes_per_device: int) -> None:
+        """Commit the job's host buffers to the nodes of `devices`; refuses to over-commit."""
+        if job in self._held:
+            raise ValueError(f"job {job!r} already holds resources; release it first")
+        unknown = [d for d in devices if d not in self._node_of]
+        if unknown:
+            raise ValueError(f"job {job!r}: unknown devices {unknown}")
+        per_node = np.bincount([self._node_of[d] for d in devices], minlength=len(self.nodes))
+        added = per_node * host_bytes_per_device
+        over = np.flatnonzero(self.host_used + added > self.node_host)
+        if len(over):
+            n = over[0]
+            raise ValueError(
+                f"job {job!r} would over-commit host memory of node {self.nodes[n].name!r}: "
+                f"{self.host_used[n] + added[n]} > {self.node_host[n]} bytes"
+            )
+        self.host_used += added
+        for d in devices:
+            self.device_jobs[d] += 1
+        self._held[job] = (tuple(devices), added)
+
+    def free(self, job: str) -> None:
+        """Give back what `job` holds; a job that holds nothing is a no-op."""
+        devices, added = self._held.pop(job, ((), 0))
+        self.host_used -= added
+        for d in devices:
+            self.device_jobs[d] -= 1
