@@ -1,0 +1,75 @@
+"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b]`.
+
+WORKLOAD is a YAML path or a shipped name (`paper-mix`, `scale-1024`); the cluster comes from
+the workload's `cluster` field unless `--cluster` overrides it. `--json` prints one JSON object
+and nothing else on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from plexrl.errors import ConfigError
+from plexrl.sim.report import plot
+from plexrl.sim.simulate import MODES, simulate
+from plexrl.sim.workload import load_cluster, load_workload
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="plexrl sim", description="simulate a workload on a cluster at scale")
+    p.add_argument("workload", help="workload YAML file or shipped name (e.g. paper-mix)")
+    p.add_argument("--cluster", help="cluster YAML file or shipped name (default: the workload's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--plots", type=Path, help="write PNG plots into this folder")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    err = Console(stderr=True)
+    try:
+        workload = load_workload(args.workload)
+        cluster = load_cluster(args.cluster or workload.cluster)
+        modes = tuple(m for m in args.modes.split(",") if m)
+        with err.status("simulating") as status:
+            out = simulate(workload, cluster, modes, on_mode=lambda m: status.update(f"simulating {m}"))
+    except (ConfigError, ValueError) as exc:
+        err.print(f"[red]plexrl sim:[/red] {exc}")
+        return 2
+    if args.plots:
+        paths = plot(out["runs"], out["results"], args.plots)
+        err.print(f"plots: {', '.join(str(p) for p in paths)}")
+    doc = {k: out[k] for k in ("events_per_s", "wall_s", "events")}
+    doc.update(workload=workload.name, cluster=cluster.name, gpus=cluster.gpus, results=out["results"])
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        show(doc, Console())
+    return 0
+
+
+def show(doc: dict, console: Console) -> None:
+    table = Table(title=f"{doc['workload']} on {doc['cluster']} ({doc['gpus']} GPUs)")
+    cols = [
+        ("mode", None), ("GPU-h/step", "gpu_hours_per_step"), ("cost cut", "cost_reduction_vs_colocated"),
+        ("slowdown mean", "slowdown_mean"), ("p95", "slowdown_p95"), ("makespan h", "makespan_s"),
+        ("queue p50 h", "queue_delay_p50_s"), ("p99 h", "queue_delay_p99_s"), ("util", "utilization"),
+        ("switch share", "switch_overhead_share"),
+    ]
+    for name, _ in cols:
+        table.add_column(name, justify="right")
+    for mode, s in doc["results"].items():
+        row = [mode]
+        for _, key in cols[1:]:
+            v = s[key]
+            row.append(f"{v / 3600:.2f}" if key.endswith("_s") else f"{v:.1%}" if key != "gpu_hours_per_step" else f"{v:.3f}")
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"{doc['events']:,} events in {doc['wall_s']:.2f} s wall: {doc['events_per_s']:,.0f} events/s")

@@ -1,0 +1,104 @@
+"""The latency model: how long each function takes on a worker, and how big each model state is.
+
+This replaces execution, and only execution: every scheduling decision still comes from
+`plexrl/policy/`. A *worker* is the gang of `tp` GPUs that holds one replica of a job's model.
+
+Decode (continuous batching, memory-bound): one decode step over `b` live sequences costs
+`t0 + c*b`, where `t0` reads every weight once (weight bytes / (tp * HBM bandwidth)) and `c` is
+the per-sequence compute and KV traffic. A shard whose responses have lengths `L_i` therefore
+takes `t0 * max(L) + c * sum(L)`: the shard ends when its longest response ends (the long tail),
+and per-GPU throughput `b / (t0 + c b)` rises with the per-worker batch — small data-parallel
+sizes decode more per GPU (the paper's Fig. 7c).
+Prefill-like work (log-probs) and training cost FLOPs: `2 * active params` per token forward,
+`UPDATE_VS_FORWARD` times that for forward+backward+optimizer.
+
+Calibration (H20: 2.8 TB/s and 84 TFLOP/s effective, `DECODE_SEQ_FACTOR` 2.5): Qwen2.5-7B, 2,048
+responses on 32 GPUs gives generation ~375 s and old log-prob ~108 s against the published
+357 s / 108 s; update/log-prob 2.5 matches 270 s / 108 s. Checked in tests/test_sim_latency.py.
+
+State sizes per worker: sampler = bf16 weights (2 B/param, split over tp) plus a KV reserve;
+trainer = full training state (16 B/param: bf16 weights and grads, fp32 master and Adam moments)
+sharded over every GPU of the job (ZeRO-3), so one worker holds 16 * params / dp bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from plexrl.sim.workload import GB, Cluster, Job, Rollout
+
+BYTES_PER_WEIGHT = 2
+BYTES_PER_TRAIN_PARAM = 16
+DECODE_SEQ_FACTOR = 2.5  # attention + KV reads + sampling on top of the matmul FLOPs of one token
+UPDATE_VS_FORWARD = 2.5  # forward+backward+optimizer / forward (published 7B breakdown: 270 s / 108 s)
+# Published weight-sync times (params in billions -> seconds): 7B 0.1 s, 30B 4-16 s, 235B 24-59 s.
+WEIGHT_SYNC_POINTS = ((7.0, 0.1), (30.0, 8.0), (235.0, 40.0))
+
+
+@dataclass(frozen=True)
+class JobCosts:
+    """Per-worker costs of one job on one device type."""
+
+    decode_step_s: float  # t0
+    decode_seq_s: float  # c
+    forward_token_s: float
+    update_token_s: float
+    weight_sync_s: float
+    sampler_bytes: int  # weights + KV reserve
+    ref_bytes: int  # weights only
+    trainer_bytes: int
+    worker_bytes: int  # arena capacity of one worker
+
+    def decode_s(self, longest: float, total: float) -> float:
+        return self.decode_step_s * longest + self.decode_seq_s * total
+
+
+def weight_sync_s(params_b: float) -> float:
+    """Log-log interpolation through the published points, clamped at the ends."""
+    pts = WEIGHT_SYNC_POINTS
+    if params_b <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if params_b <= x1:
+            f = math.log(params_b / x0) / math.log(x1 / x0)
+            return math.exp(math.log(y0) + f * math.log(y1 / y0))
+    return pts[-1][1]
+
+
+def job_costs(job: Job, cluster: Cluster, train_workers: int | None = None) -> JobCosts:
+    """Costs of `job` on `cluster`'s device; the training state is sharded over `train_workers`
+    workers (default: all `dp` of them)."""
+    dev = cluster.device
+    flops = dev.tflops * 1e12 * job.tp
+    forward_token_s = 2 * job.active_b * 1e9 / flops
+    worker_bytes = int(dev.memory_gb * GB * dev.usable_fraction * job.tp)
+    weights = int(BYTES_PER_WEIGHT * job.params_b * 1e9)
+    return JobCosts(
+        decode_step_s=weights / (dev.hbm_tb_s * 1e12 * job.tp),
+        decode_seq_s=DECODE_SEQ_FACTOR * forward_token_s,
+        forward_token_s=forward_token_s,
+        update_token_s=UPDATE_VS_FORWARD * forward_token_s,
+        weight_sync_s=job.weight_sync_s if job.weight_sync_s is not None else weight_sync_s(job.params_b),
+        sampler_bytes=weights + int(job.kv_cache_fraction * worker_bytes),
+        ref_bytes=weights,
+        trainer_bytes=int(BYTES_PER_TRAIN_PARAM * job.params_b * 1e9 / (train_workers or job.dp)),
+        worker_bytes=worker_bytes,
+    )
+
+
+def sample_lengths(rollout: Rollout, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`n` response lengths from the Gaussian mixture, clipped to [1, max_tokens]."""
+    component = rng.choice(len(rollout.length_weights), size=n, p=rollout.length_weights)
+    means = np.asarray(rollout.length_means) * rollout.length_scale
+    stds = np.asarray(rollout.length_stds) * rollout.length_scale
+    lengths = rng.normal(means[component], stds[component])
+    return np.clip(np.rint(lengths), 1, rollout.max_tokens)
+
+
+def decode_shards(costs: JobCosts, lengths: np.ndarray, shards: int) -> tuple[float, ...]:
+    """Seconds each of `shards` workers spends decoding its even share of `lengths`."""
+    per = np.array_split(lengths, shards)
+    return tuple(costs.decode_s(float(p.max()) if len(p) else 0.0, float(p.sum())) for p in per)

@@ -1,0 +1,79 @@
+"""What one RLVR step asks of the devices: an ordered list of phases, drawn once per step.
+
+A step of GRPO/DAPO, as its controller issues it:
+  1) rollout: `turns` sample calls per shard, separated by device-idle tool waits (agentic);
+     DAPO's dynamic sampling adds a refill rollout for a share of the prompts;
+  2) reward / sandbox: device-idle;
+  3) old-policy log-probs; 4) reference log-probs (GRPO only: DAPO drops KL);
+  5) training update on the trainer state; 6) weight sync (trainer -> sampler weights).
+Old log-probs run on the trainer state, as verl's actor computes them; the sampler state is
+only used for generation, so split mode can keep it alone on the rollout pool.
+Device phases carry one duration per shard (one shard per worker: the call of that worker);
+the phase ends when every shard has finished. Idle phases carry one duration.
+
+Invariant: the draws depend only on (seed, job index, step), never on the mode simulated, so
+colocated, split and PlexRL runs see the same response lengths and tool waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from plexrl.sim.latency import JobCosts, decode_shards, sample_lengths
+from plexrl.sim.workload import Job
+
+SAMPLER, REF, TRAINER = "sampler", "ref", "trainer"
+
+
+@dataclass(frozen=True)
+class Phase:
+    fn: str  # sample | logprobs | ref_logprobs | update | sync | tools | reward
+    state: str | None  # the model state it runs on; None for device-idle phases
+    shard_s: tuple[float, ...] = ()  # device phases: seconds per shard
+    idle_s: float = 0.0  # idle phases
+
+
+def states_of(job: Job) -> tuple[str, ...]:
+    return (SAMPLER, REF, TRAINER) if job.algorithm == "grpo" else (SAMPLER, TRAINER)
+
+
+def step_rng(seed: int, job_index: int, step: int) -> np.random.Generator:
+    return np.random.default_rng((seed, job_index, step))
+
+
+def plan_step(job: Job, costs: JobCosts, rng: np.random.Generator, rollout_shards: int, train_shards: int) -> list[Phase]:
+    """The phases of one step; `rollout_shards` workers sample, `train_shards` workers train."""
+    r = job.rollout
+    phases: list[Phase] = []
+    lengths = sample_lengths(r, r.responses, rng)
+    tool_waits = rng.lognormal(0.0, 0.25, size=r.turns) * r.tool_s
+    phases += _rollout(costs, lengths, r.turns, tool_waits, rollout_shards)
+    tokens = float(lengths.sum()) + r.responses * r.prompt_tokens
+    if r.refill_fraction > 0:
+        refill = sample_lengths(r, max(1, round(r.refill_fraction * r.responses)), rng)
+        phases += _rollout(costs, refill, 1, tool_waits[:0], rollout_shards)
+    phases.append(Phase("reward", None, idle_s=job.reward_s * float(rng.lognormal(0.0, 0.1))))
+    per_shard = tokens / train_shards
+    phases.append(Phase("logprobs", TRAINER, (costs.forward_token_s * per_shard,) * train_shards))
+    if job.algorithm == "grpo":
+        phases.append(Phase("ref_logprobs", REF, (costs.forward_token_s * per_shard,) * train_shards))
+    phases.append(Phase("update", TRAINER, (costs.update_token_s * per_shard,) * train_shards))
+    phases.append(Phase("sync", TRAINER, (costs.weight_sync_s,) * train_shards))
+    return phases
+
+
+def _rollout(costs: JobCosts, lengths: np.ndarray, turns: int, tool_waits: np.ndarray, shards: int) -> list[Phase]:
+    per_turn = decode_shards(costs, lengths / turns, shards)
+    phases = []
+    for turn in range(turns):
+        phases.append(Phase("sample", SAMPLER, per_turn))
+        if turn + 1 < turns:
+            phases.append(Phase("tools", None, idle_s=float(tool_waits[turn])))
+    return phases
+
+
+def solo_step_s(phases: list[Phase]) -> float:
+    """Step time of a job alone on its workers with every state resident (no switches)."""
+    return sum(max(p.shard_s) if p.state else p.idle_s for p in phases)

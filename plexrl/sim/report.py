@@ -1,0 +1,133 @@
+"""Metrics of simulated runs, compared against the colocated baseline, and their plots.
+
+Cost is GPU-hours per step: reserved GPUs x wall time for the baselines, consumed GPU time
+(execution + switch-in) for PlexRL, summed over jobs and divided by the steps they completed.
+Slowdown is a job's mean step time over its colocated mean step time (queueing excluded).
+A job that never started counts its queueing delay up to the end of the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from plexrl.sim.runner import ModeResult
+
+
+def gpu_hours_per_step(result: ModeResult) -> float:
+    steps = sum(r.steps for r in result.records)
+    return sum(r.charged_gpu_s for r in result.records) / max(steps, 1) / 3600
+
+
+def queue_delays(result: ModeResult) -> np.ndarray:
+    return np.array([r.queue_delay if r.started is not None else result.end_s - r.arrival for r in result.records])
+
+
+def makespan_s(result: ModeResult) -> float:
+    first = min(r.arrival for r in result.records)
+    ends = [r.finished for r in result.records if r.finished is not None]
+    done = len(ends) == len(result.records)
+    return (max(ends) if done else result.end_s) - first
+
+
+def slowdowns(result: ModeResult, baseline: ModeResult) -> np.ndarray:
+    base = {r.name: r.mean_step_s for r in baseline.records if r.step_times}
+    return np.array([r.mean_step_s / base[r.name] for r in result.records if r.step_times and r.name in base])
+
+
+def summarize(result: ModeResult, baseline: ModeResult) -> dict:
+    cost, base_cost = gpu_hours_per_step(result), gpu_hours_per_step(baseline)
+    slow = slowdowns(result, baseline)
+    delays = queue_delays(result)
+    span = makespan_s(result)
+    return {
+        "gpu_hours_per_step": cost,
+        "cost_reduction_vs_colocated": 1 - cost / base_cost if base_cost > 0 else 0.0,
+        "slowdown_mean": float(slow.mean() - 1) if len(slow) else float("nan"),
+        "slowdown_p95": float(np.percentile(slow, 95) - 1) if len(slow) else float("nan"),
+        "makespan_s": span,
+        "queue_delay_p50_s": float(np.percentile(delays, 50)),
+        "queue_delay_p99_s": float(np.percentile(delays, 99)),
+        "utilization": result.busy_gpu_s / (result.cluster_gpus * result.end_s) if result.end_s > 0 else 0.0,
+        "switch_overhead_share": result.switch_gpu_s / result.busy_gpu_s if result.busy_gpu_s > 0 else 0.0,
+        "steps": sum(r.steps for r in result.records),
+        "jobs_finished": sum(r.finished is not None for r in result.records),
+        "events": result.events,
+        "wall_s": result.wall_s,
+        "jobs": {
+            r.name: {
+                "gpu_hours_per_step": r.charged_gpu_s / max(r.steps, 1) / 3600,
+                "mean_step_s": r.mean_step_s,
+                "queue_delay_s": float(d),
+                "steps": r.steps,
+            }
+            for r, d in zip(result.records, delays)
+        },
+    }
+
+
+def utilization_series(result: ModeResult, bins: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Busy share of the cluster per time bin: (bin centres in hours, share)."""
+    start, stop, gpus = result.busy_intervals
+    edges = np.linspace(0.0, max(result.end_s, 1e-9), bins + 1)
+    length = stop - start
+    busy_before = np.array([np.sum(np.clip(e - start, 0.0, length) * gpus) for e in edges])
+    share = np.diff(busy_before) / (np.diff(edges) * result.cluster_gpus)
+    return (edges[:-1] + edges[1:]) / 2 / 3600, share
+
+
+def plot(results: dict[str, ModeResult], summaries: dict[str, dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    modes = list(results)
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    jobs = list(summaries[modes[0]]["jobs"])
+    width = 0.8 / len(modes)
+    for k, mode in enumerate(modes):
+        vals = [summaries[mode]["jobs"][j]["gpu_hours_per_step"] for j in jobs]
+        ax.bar(np.arange(len(jobs)) + k * width, vals, width, label=mode)
+    ax.set_xticks(np.arange(len(jobs)) + 0.4 - width / 2, jobs, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("GPU-hours per step")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "cost_per_step.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in modes:
+        d = np.sort(queue_delays(results[mode])) / 3600
+        ax.step(d, np.arange(1, len(d) + 1) / len(d), where="post", label=mode)
+    ax.set_xlabel("job queueing delay (h)")
+    ax.set_ylabel("CDF")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "queue_delay_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar(modes, [summaries[m]["makespan_s"] / 3600 for m in modes])
+    ax.set_ylabel("makespan (h)")
+    ax.tick_params(axis="x", rotation=30)
+    paths.append(_save(fig, out / "makespan.png"))
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for mode in modes:
+        x, y = utilization_series(results[mode])
+        ax.plot(x, y, label=mode, lw=1)
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("busy share of cluster GPUs")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "utilization.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

@@ -1,0 +1,167 @@
+"""What every mode shares: job expansion and arrivals, the admission queue, the run, the record.
+
+A mode decides where a job's state shards live (`place`), what it gives back when the job ends
+(`release`) and what the job is charged (`charged_gpu_s`). Jobs that do not fit wait in an
+admission queue, retried in arrival order whenever a job ends, in every mode, so queueing delay
+and makespan compare fairly. Arrival times and every random draw depend only on the workload
+seed, so all modes see the same jobs, response lengths and tool waits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from plexrl.policy import Policy
+from plexrl.sim.engine import EventLoop
+from plexrl.sim.latency import job_costs
+from plexrl.sim.service import Service, SimJob
+from plexrl.sim.worker import SimWorker
+from plexrl.sim.workload import GB, Cluster, Job, Workload
+
+
+def expand_jobs(workload: Workload) -> list[Job]:
+    """One `Job` per copy, named `name-i` when count > 1, with its arrival time."""
+    rng = np.random.default_rng((workload.seed, 0xA11))
+    jobs: list[Job] = []
+    for spec in workload.jobs:
+        for i in range(spec.count):
+            name = spec.name if spec.count == 1 else f"{spec.name}-{i}"
+            jobs.append(spec.model_copy(update={"name": name, "count": 1, "arrival_s": spec.arrival_s + i * spec.arrival_every_s}))
+    if workload.poisson is not None:
+        gaps = rng.exponential(3600.0 / workload.poisson.rate_per_h, size=len(jobs))
+        arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
+        jobs = [j.model_copy(update={"arrival_s": float(a)}) for j, a in zip(jobs, arrivals)]
+    return sorted(jobs, key=lambda j: j.arrival_s)
+
+
+@dataclass
+class JobRecord:
+    name: str
+    gpus: int
+    arrival: float
+    started: float | None
+    finished: float | None
+    steps: int
+    step_times: list[float]
+    charged_gpu_s: float  # reserved (baselines) or consumed (PlexRL)
+    switch_gpu_s: float
+    submitted: int
+    served: int
+
+    @property
+    def queue_delay(self) -> float | None:
+        return None if self.started is None else self.started - self.arrival
+
+    @property
+    def mean_step_s(self) -> float:
+        return float(np.mean(self.step_times)) if self.step_times else float("nan")
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    cluster_gpus: int
+    records: list[JobRecord]
+    end_s: float  # virtual time the run ended (last job end, or the horizon)
+    events: int
+    wall_s: float
+    busy_gpu_s: float
+    switch_gpu_s: float
+    busy_intervals: tuple[np.ndarray, np.ndarray, np.ndarray] = field(repr=False, default=None)
+    ledger: dict = field(repr=False, default_factory=dict)
+
+
+class Mode:
+    name = "mode"
+    charges_reserved = True  # baselines pay for reserved devices; PlexRL for consumed ones
+
+    def __init__(self, workload: Workload, cluster: Cluster, policy: Policy = Policy.PLEXRL):
+        self.workload, self.cluster, self.policy = workload, cluster, policy
+        self.loop = EventLoop()
+        self.service = Service(self.loop, policy, self._job_done)
+        self.waiting: list[SimJob] = []
+        self.jobs: list[SimJob] = []
+        self._next_wid = 0
+
+    # --- to be provided by each mode -------------------------------------------------------------
+    def place(self, job: SimJob) -> bool:
+        raise NotImplementedError
+
+    def release(self, job: SimJob) -> None:
+        raise NotImplementedError
+
+    # --- shared mechanics --------------------------------------------------------------------------
+    def new_worker(self, tp: int, arena_bytes: int) -> SimWorker:
+        c = self.cluster
+        worker = SimWorker(
+            wid=self._next_wid,
+            gpus=tp,
+            arena_bytes=arena_bytes,
+            host_bytes=int(c.host_memory_gb * GB * tp / c.gpus_per_node),
+            link_bytes_per_s=c.device.host_link_gb_s * GB * tp,
+            disk_bytes_per_s=c.disk_gb_s * GB * tp / c.gpus_per_node,
+        )
+        self._next_wid += 1
+        return worker
+
+    def attach(self, job: SimJob, state: str, workers: list[SimWorker]) -> None:
+        nbytes = {"sampler": job.costs.sampler_bytes, "ref": job.costs.ref_bytes, "trainer": job.costs.trainer_bytes}[state]
+        for w in workers:
+            w.add_state(job.state_id(state), job.name, nbytes)
+        job.workers[state] = workers
+
+    def costs_for(self, job: Job):
+        return job_costs(job, self.cluster)
+
+    def run(self) -> ModeResult:
+        t0 = time.perf_counter()
+        for index, spec in enumerate(expand_jobs(self.workload)):
+            job = SimJob(spec, index, self.workload.seed, self.costs_for(spec), spec.arrival_s)
+            self.jobs.append(job)
+            self.loop.at(spec.arrival_s, self._arrive, job)
+        horizon = self.workload.horizon_s or float("inf")
+        self.loop.run(until=horizon)
+        end = self.loop.now if horizon == float("inf") else horizon
+        return self._result(end, time.perf_counter() - t0)
+
+    def _arrive(self, job: SimJob) -> None:
+        self.waiting.append(job)
+        self._admit()
+
+    def _admit(self) -> None:
+        for job in list(self.waiting):
+            if self.place(job):
+                self.waiting.remove(job)
+                self.service.start(job)
+
+    def _job_done(self, job: SimJob) -> None:
+        self.release(job)
+        self._admit()
+
+    def charged_gpu_s(self, job: SimJob, end: float) -> float:
+        if job.started is None:
+            return 0.0
+        if self.charges_reserved:
+            return job.spec.gpus * ((job.finished if job.finished is not None else end) - job.started)
+        usage = self.service.ledger.jobs.get(job.name)
+        return 0.0 if usage is None else usage.consumed_device_s * job.spec.tp
+
+    def _result(self, end: float, wall_s: float) -> ModeResult:
+        ledger = self.service.ledger
+        records = []
+        for job in self.jobs:
+            usage = ledger.jobs.get(job.name)
+            records.append(JobRecord(
+                job.name, job.spec.gpus, job.arrival, job.started, job.finished, job.step,
+                list(job.step_times), self.charged_gpu_s(job, end),
+                0.0 if usage is None else usage.switch_s * job.spec.tp, job.submitted, job.served,
+            ))
+        s = self.service
+        start, stop, gpus = (np.frombuffer(a, dtype=np.float64) for a in (s.busy_start, s.busy_end, s.busy_gpus))
+        busy = float(np.sum((np.minimum(stop, end) - np.minimum(start, end)) * gpus))
+        switch = sum(r.switch_gpu_s for r in records)
+        return ModeResult(self.name, self.cluster.gpus, records, end, self.loop.events, wall_s, busy, switch,
+                          (start, stop, gpus), ledger.summary())

@@ -1,0 +1,143 @@
+"""A simulated worker: one gang of `gpus` GPUs, its ready queue and the residency of its states.
+
+The worker holds, per job placed on it, one shard of each of the job's model states. It keeps
+plain mutable records (fast to update on the hot path) and builds the policy's frozen
+`ResidencyView` only when a dispatch needs a state that is not resident, then applies the
+`LoadPlan` that `plexrl.policy.plan_load` returns, transition by transition.
+
+Invariants (tested): the bytes resident in the arena never exceed its capacity; a request
+executes only after its state is DEVICE-resident; host bytes never exceed the host share
+(the worker's GPUs' share of their node's host memory) — beyond it, states spill to disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plexrl.policy import BandwidthEstimator, NoFit, ReadyQueue, ResidencyView, StateInfo, Tier, plan_load
+from plexrl.policy.types import TransitionKind
+
+DEVICE, HOST, DISK = Tier.DEVICE, Tier.HOST, Tier.DISK
+
+
+class Resident:
+    """Where one state shard lives on this worker."""
+
+    __slots__ = ("state_id", "job", "nbytes", "tier", "offset", "last_used")
+
+    def __init__(self, state_id: str, job: str, nbytes: int):
+        self.state_id, self.job, self.nbytes = state_id, job, nbytes
+        self.tier, self.offset, self.last_used = HOST, None, 0.0
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: TransitionKind
+    state_id: str
+    nbytes: int
+    seconds: float
+
+
+@dataclass
+class Request:
+    """One function call of one job, pinned to one worker (the one holding its state shard)."""
+
+    job: str
+    state_id: str
+    fn: str
+    exec_s: float
+    arrival: float
+    gpus: int
+
+
+@dataclass(eq=False)
+class SimWorker:
+    wid: int
+    gpus: int
+    arena_bytes: int
+    host_bytes: int
+    link_bytes_per_s: float  # host<->device, the whole gang
+    disk_bytes_per_s: float
+    states: dict[str, Resident] = field(default_factory=dict)
+    queue: ReadyQueue = field(default_factory=lambda: ReadyQueue(8))
+    waiting: dict[str, Request] = field(default_factory=dict)
+    busy: bool = False
+    current: str | None = None  # the state the last dispatch ran on (the paper's `curr`)
+    busy_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.bandwidth = BandwidthEstimator(prior_bytes_per_s=self.link_bytes_per_s)
+
+    # --- states -------------------------------------------------------------------------
+    def add_state(self, state_id: str, job: str, nbytes: int) -> None:
+        if nbytes > self.arena_bytes:
+            raise ValueError(
+                f"state {state_id} needs {nbytes / 1e9:.1f} GB per worker but a worker's arena holds "
+                f"{self.arena_bytes / 1e9:.1f} GB; raise tp or dp"
+            )
+        self.states[state_id] = Resident(state_id, job, nbytes)
+
+    def remove_job(self, job: str) -> None:
+        for sid in [s for s, r in self.states.items() if r.job == job]:
+            del self.states[sid]
+            if self.current == sid:
+                self.current = None
+
+    def host_used(self) -> int:
+        return sum(r.nbytes for r in self.states.values() if r.tier is not DISK)
+
+    def arena_used(self) -> int:
+        return sum(r.nbytes for r in self.states.values() if r.tier is DEVICE)
+
+    def is_resident(self, state_id: str) -> bool:
+        return self.states[state_id].tier is DEVICE
+
+    # --- estimates for the priority -------------------------------------------------------
+    def load_estimate_s(self, state_id: str) -> float:
+        return self.bandwidth.seconds("load", self.states[state_id].nbytes)
+
+    def offload_estimate_s(self) -> float:
+        """T_offload of the current state: what a switch away from it costs (paper eq. 3)."""
+        cur = self.states.get(self.current) if self.current else None
+        return self.bandwidth.seconds("offload", cur.nbytes) if cur is not None and cur.tier is DEVICE else 0.0
+
+    # --- making a state resident ------------------------------------------------------------
+    def view(self, now: float) -> ResidencyView:
+        pending = self.waiting
+        infos = {
+            sid: StateInfo(
+                sid, r.job, r.nbytes, r.nbytes, r.tier,
+                self.wid if r.tier is DEVICE else None, r.offset,
+                False, 1 if sid in pending else 0, r.last_used,
+            )
+            for sid, r in self.states.items()
+        }
+        return ResidencyView(infos, {self.wid: self.arena_bytes}, self.host_bytes)
+
+    def make_resident(self, state_id: str, now: float) -> list[Move]:
+        """Plan with the policy, apply the plan; returns the moves made, in order."""
+        plan = plan_load(self.view(now), state_id, self.wid)
+        if isinstance(plan, NoFit):
+            raise RuntimeError(f"worker {self.wid}: {plan.reason}")
+        return [self._apply(t.kind, t.state_id, t.offset) for t in plan.transitions]
+
+    def _apply(self, kind: TransitionKind, state_id: str, offset: int | None) -> Move:
+        r = self.states[state_id]
+        if kind is TransitionKind.LOAD:
+            r.tier, r.offset = DEVICE, offset
+            seconds = r.nbytes / self.link_bytes_per_s
+        elif kind is TransitionKind.OFFLOAD:
+            r.tier, r.offset = HOST, None
+            seconds = r.nbytes / self.link_bytes_per_s
+        elif kind is TransitionKind.SPILL:
+            r.tier = DISK
+            seconds = r.nbytes / self.disk_bytes_per_s
+        elif kind is TransitionKind.RESTORE:
+            r.tier = HOST
+            seconds = r.nbytes / self.disk_bytes_per_s
+        else:
+            raise ValueError(f"transition kind {kind} is not applied by the simulator")
+        self.bandwidth.observe(kind.value, r.nbytes, seconds)
+        if state_id in self.waiting:
+            self.queue.set_resident(state_id, self.wid if r.tier is DEVICE else -1)
+        return Move(kind, state_id, r.nbytes, seconds)
