@@ -25,7 +25,7 @@ class EventLog:
             if self.path is not None:
                 if self._file is None:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
-                    self._file = self.path.open("a", encoding="utf-8")
+                    self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: tail -f works
                 self._file.write(json.dumps(record) + "\n")
 
     def snapshot(self) -> list[dict]:

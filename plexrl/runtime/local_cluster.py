@@ -163,7 +163,8 @@ class LocalCluster:
 
     def _retire(self, state: ModelState) -> None:
         group = self.schedulers[self.router.group_of(state.state_id)]
-        group.retire(state.state_id, lambda: (self.router.unbind(state.state_id), self._node_of(state).remove(state.state_id)))
+        sm = self._node_of(state)
+        group.retire(state.state_id, lambda: (sm.remove(state.state_id), self.router.unbind(state.state_id)))
 
     def _node_of(self, state: ModelState) -> StateManager:
         return self.state_managers[self.router.group_of(state.state_id)]

@@ -205,30 +205,32 @@ class GroupScheduler:
                 self._cond.wait(_RETRY_S)
             plan = self.sm.prepare(request.state_id, None, request.job)
         if isinstance(plan, NoFit):
-            request.future.set_exception(errors.StateTooLarge(plan.reason))
             self.telemetry.failed(request.job)
             self.complete(request)
+            request.future.set_exception(errors.StateTooLarge(plan.reason))
             return
-        t0 = self.telemetry.now()
-        self.telemetry.events.emit(t0, "start", request_id=request.id, job=request.job, model=request.state_id, fn=request.fn, device=None)
-        ok = True
+        self.telemetry.events.emit(self.telemetry.now(), "start", request_id=request.id, job=request.job,
+                                   model=request.state_id, fn=request.fn, device=None)
+        result, error = None, None
         try:
             state = self.sm.states[request.state_id]
             result = request.run(state)
             if request.mutates and state.tier is Tier.DEVICE:
                 state.dirty = True
-            request.future.set_result(result)
         except Exception as exc:  # delivered to the caller; the cluster carries on
-            ok = False
+            error = as_user_error(exc, request)
             self.telemetry.failed(request.job)
-            request.future.set_exception(as_user_error(exc, request))
         finally:
             self.telemetry.events.emit(
                 self.telemetry.now(), "end", request_id=request.id, job=request.job,
-                model=request.state_id, fn=request.fn, device=None, ok=ok,
+                model=request.state_id, fn=request.fn, device=None, ok=error is None,
             )
             self.sm.release(plan, self.telemetry.now())
             self.complete(request)
+        if error is not None:
+            request.future.set_exception(error)
+        else:
+            request.future.set_result(result)
 
     # -- shutdown ------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -42,29 +42,31 @@ class Worker:
         dispatched = self.telemetry.now()
         self.telemetry.waited(request.job, dispatched - request.arrival_s)
         self._emit(dispatched, "dispatch", request, switch=plan.is_switch)
-        ok = True
         self.current = request.state_id
+        result, error = None, None
         try:
             self.sm.apply(plan, request.job)
             state = self.sm.states[request.state_id]
             assert state.tier is Tier.DEVICE and state.device == self.device, "executing a state that is not resident here"
-            start = self.telemetry.now()
-            self._emit(start, "start", request)
+            self._emit(self.telemetry.now(), "start", request)
             t0 = time.perf_counter()
             result = request.run(state)
             if request.mutates:
                 state.dirty = True
             self.telemetry.executed(request.job, request.state_id, request.fn, self.device, time.perf_counter() - t0)
-            request.future.set_result(result)
         except Exception as exc:  # the caller gets it; the worker and other jobs carry on
-            ok = False
+            error = as_user_error(exc, request)
             self.telemetry.failed(request.job)
-            request.future.set_exception(as_user_error(exc, request))
         finally:
             self.current = None
-            self._emit(self.telemetry.now(), "end", request, ok=ok)
+            self._emit(self.telemetry.now(), "end", request, ok=error is None)
             self.sm.release(plan, self.telemetry.now())
             self.scheduler.complete(request)
+        # Resolved last: a caller that sees the result also sees the cluster's bookkeeping done.
+        if error is not None:
+            request.future.set_exception(error)
+        else:
+            request.future.set_result(result)
 
     def _emit(self, t: float, event: str, request: Request, **extra) -> None:
         self.telemetry.events.emit(

@@ -1,0 +1,108 @@
+"""Request priority (DESIGN §5) against a plain reference implementation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plexrl.policy import Policy, ReadyQueue, choose, offload_estimate, priorities
+
+
+def queue_of(rows):
+    """rows: (key, arrival, est, load_s, resident_on, nbytes)"""
+    q = ReadyQueue(capacity=2)
+    for seq, (key, arrival, est, load_s, resident_on, nbytes) in enumerate(rows):
+        q.add(key, arrival, est, load_s, resident_on, seq, nbytes=nbytes)
+    return q
+
+
+def reference_choose(policy, rows, device, free_bytes, offload_bps, now):
+    best_key, best = None, None
+    for seq, (key, arrival, est, load_s, resident_on, nbytes) in enumerate(rows):
+        if policy is Policy.FCFS:
+            score = -arrival
+        elif policy is Policy.SJF:
+            score = -est
+        else:
+            service = est
+            if policy is Policy.PLEXRL and resident_on != device:
+                service += load_s + max(nbytes - free_bytes, 0) / offload_bps
+            service = max(service, 1e-6)
+            score = (max(now - arrival, 0) + service) / service
+        if best is None or score > best + 1e-12 * max(1.0, abs(best)):
+            best_key, best = key, score
+    return best_key
+
+
+CASES = {
+    # name: (policy, rows, device, free, now, expected)
+    "fcfs takes the earliest arrival": (Policy.FCFS, [("a", 2.0, 0.1, 0, -1, 0), ("b", 1.0, 9.0, 0, -1, 0)], 0, 0, 5.0, "b"),
+    "sjf takes the shortest": (Policy.SJF, [("a", 0.0, 3.0, 0, -1, 0), ("b", 1.0, 1.0, 0, -1, 0)], 0, 0, 5.0, "b"),
+    "hrrn ignores switches": (Policy.HRRN, [("a", 0.0, 1.0, 0, 0, 100), ("b", 0.0, 1.0, 5.0, -1, 100)], 0, 0, 4.0, "a"),
+    "plexrl prefers the resident state": (Policy.PLEXRL, [("a", 0.0, 1.0, 2.0, -1, 100), ("b", 0.5, 1.0, 2.0, 0, 100)], 0, 1000, 2.0, "b"),
+    "plexrl: waiting ages a switching request past a resident one": (
+        Policy.PLEXRL, [("far", 0.0, 1.0, 1.0, -1, 100), ("near", 99.0, 1.0, 1.0, 0, 100)], 0, 1000, 100.0, "far"),
+    "plexrl: resident on another device still needs a switch": (
+        Policy.PLEXRL, [("a", 0.0, 1.0, 3.0, 1, 100), ("b", 0.0, 1.0, 0.0, 0, 100)], 0, 1000, 1.0, "b"),
+    "plexrl: offload cost counts when the device is full": (
+        Policy.PLEXRL, [("big", 0.0, 1.0, 0.1, -1, 1000), ("small", 0.0, 1.0, 0.1, -1, 10)], 0, 10, 1.0, "small"),
+    "ties go to the earlier submission": (Policy.HRRN, [("first", 0.0, 1.0, 0, -1, 0), ("second", 0.0, 1.0, 0, -1, 0)], 0, 0, 1.0, "first"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_named_cases(name):
+    policy, rows, device, free, now, expected = CASES[name]
+    q = queue_of(rows)
+    assert choose(policy, q, device, offload_estimate(q, free, 100.0), now) == expected
+    assert reference_choose(policy, rows, device, free, 100.0, now) == expected
+
+
+def test_hrrn_formula_matches_design():
+    q = queue_of([("a", 1.0, 2.0, 0.5, -1, 0)])
+    p = priorities(Policy.PLEXRL, q, 0, offload_s=0.25, now=5.0)
+    assert p[0] == pytest.approx(1 + 4.0 / (2.0 + 0.5 + 0.25))
+
+
+def test_empty_queue_chooses_nothing():
+    assert choose(Policy.PLEXRL, ReadyQueue(), 0, 0.0, 0.0) is None
+
+
+rows_strategy = st.lists(
+    st.tuples(
+        st.floats(0, 100, allow_nan=False), st.floats(0.001, 10, allow_nan=False), st.floats(0, 5, allow_nan=False),
+        st.integers(-1, 2), st.integers(0, 1000),
+    ),
+    min_size=1, max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=rows_strategy, policy=st.sampled_from(list(Policy)), device=st.integers(0, 2),
+       free=st.integers(0, 1000), now=st.floats(100, 200))
+def test_choose_matches_reference(rows, policy, device, free, now):
+    keyed = [(i, *r) for i, r in enumerate(rows)]
+    q = queue_of(keyed)
+    got = choose(policy, q, device, offload_estimate(q, free, 100.0), now)
+    want = reference_choose(policy, keyed, device, free, 100.0, now)
+    scores = priorities(policy, q, device, offload_estimate(q, free, 100.0), now)
+    # Equal up to float ties: the chosen key must score as high as the reference's.
+    assert scores[q.keys().index(got)] >= scores[q.keys().index(want)] - 1e-9 * max(1.0, abs(scores.max()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=80))
+def test_ready_queue_matches_a_dict(ops):
+    q, ref = ReadyQueue(capacity=1), {}
+    for add, key in ops:
+        if add and key not in ref:
+            q.add(key, float(key), 1.0, 0.0, -1, key, nbytes=key)
+            ref[key] = key
+        elif not add and key in ref:
+            q.remove(key)
+            del ref[key]
+    assert sorted(q.keys()) == sorted(ref)
+    for slot, key in enumerate(q.keys()):
+        assert q.arrival[slot] == float(ref[key]) and q.nbytes[slot] == ref[key]
