@@ -67,7 +67,7 @@ def value_batch():
     return [Datum(d.model_input, {"target_values": [0.1 * t for t in range(d.model_input.length)]}) for d in BATCH]
 
 
-def reference_datum_loss(model, d, name, config):
+def reference_datum_loss(model, d, name):
     """One datum, unpadded, the loss written out per token with torch ops."""
     ids = torch.tensor([d.model_input.to_ints()])
     logits = model(input_ids=ids).logits[0]
@@ -105,7 +105,7 @@ def test_batched_loss_and_grads_match_per_datum_reference(folder, name, arena_mo
     datums = LOSS_BATCHES[name]()
     out = execution.forward_backward(model, datums, name)
     reference = AutoModelForCausalLM.from_pretrained(folder)
-    ref_total = sum(reference_datum_loss(reference, d, name, None) for d in datums)
+    ref_total = sum(reference_datum_loss(reference, d, name) for d in datums)
     ref_total.backward()
     assert out.metrics["loss:sum"] == pytest.approx(ref_total.item(), rel=1e-5, abs=1e-5)
     assert torch.allclose(arena, grads(reference), rtol=1e-4, atol=1e-6)
@@ -219,6 +219,10 @@ def test_forward_backward_rejects_unknown_loss_and_missing_inputs(arena_model):
         execution.forward_backward(model, BATCH, "dpo")
     with pytest.raises(errors.DatumShapeError, match="missing \\['logprobs', 'advantages'\\]"):
         execution.forward_backward(model, BATCH, "ppo")
+    with pytest.raises(errors.DatumShapeError, match="datum 0: a custom loss needs"):
+        execution.forward_backward(model, value_batch(), lambda datums, lps: (lps[0].sum(), {}))
+    with pytest.raises(errors.InvalidInput, match="custom loss"):
+        execution.forward_backward(model, BATCH, lambda datums, lps: (lps[0].sum(), {}), {"clip": 1.0})
     assert torch.all(arena == 0), "nothing may execute when the input is bad"
 
 

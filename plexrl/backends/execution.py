@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -148,13 +149,7 @@ def forward_backward(model: torch.nn.Module, datums: Sequence[Datum], loss_fn: s
     datums = list(datums)
     vocab_size, max_positions = model_limits(model, max_positions)
     validate_datums(datums, vocab_size, max_positions)
-    if callable(loss_fn):
-        run = lambda batch, logits: custom_loss(loss_fn, datums, batch, logits)  # noqa: E731
-    else:
-        loss = losses.get_loss(loss_fn)
-        config = losses.resolve_config(loss, loss_fn_config)
-        losses.check_required_inputs(loss, datums)
-        run = lambda batch, logits: builtin_loss(loss, config, datums, batch, logits)  # noqa: E731
+    run = prepare_loss(loss_fn, loss_fn_config, datums)  # every input error is raised before running
     batch = pad_batch(datums, model_device(model))
     with torch.enable_grad() if backward else torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
@@ -163,6 +158,25 @@ def forward_backward(model: torch.nn.Module, datums: Sequence[Datum], loss_fn: s
         total.backward()  # AccumulateGrad adds into existing p.grad in place (grad mode is off)
     metrics = {**metrics, "loss:sum": float(total.detach())}
     return types.ForwardBackwardOutput(loss_fn_outputs=outputs, metrics=metrics)
+
+
+def prepare_loss(loss_fn: str | CustomLoss, loss_fn_config: dict | None, datums: list[Datum]):
+    """Checked loss as `run(batch, logits) -> (total loss, per-datum outputs, metrics)`."""
+    if callable(loss_fn):
+        if loss_fn_config:
+            raise errors.InvalidInput(
+                f"loss_fn_config={loss_fn_config!r} given with a custom loss; expected none "
+                "(a custom loss carries its own settings)")
+        for index, datum in enumerate(datums):
+            if "target_tokens" not in datum.loss_fn_inputs:
+                raise errors.DatumShapeError(
+                    f"datum {index}: a custom loss needs loss_fn_inputs['target_tokens'] "
+                    f"(given {sorted(datum.loss_fn_inputs)})")
+        return functools.partial(custom_loss, loss_fn, datums)
+    loss = losses.get_loss(loss_fn)
+    config = losses.resolve_config(loss, loss_fn_config)
+    losses.check_required_inputs(loss, datums)
+    return functools.partial(builtin_loss, loss, config, datums)
 
 
 def builtin_loss(loss: losses.BuiltinLoss, config: dict, datums: list[Datum], batch: Batch,
@@ -184,11 +198,6 @@ def builtin_loss(loss: losses.BuiltinLoss, config: dict, datums: list[Datum], ba
 
 def custom_loss(fn: CustomLoss, datums: list[Datum], batch: Batch, logits: torch.Tensor):
     """(total loss, per-datum outputs, metrics) for a user loss over per-datum log-probs."""
-    for index, datum in enumerate(datums):
-        if "target_tokens" not in datum.loss_fn_inputs:
-            raise errors.DatumShapeError(
-                f"datum {index}: a custom loss needs loss_fn_inputs['target_tokens'] "
-                f"(given {sorted(datum.loss_fn_inputs)})")
     logprobs = per_datum(batch, target_logprobs(logits, batch.target_tokens))
     result = fn(datums, logprobs)
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)

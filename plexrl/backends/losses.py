@@ -51,10 +51,6 @@ class BuiltinLoss:
     optional: Mapping[str, float] = field(default_factory=dict)  # inputs that default to a constant
     config_defaults: Mapping[str, float] = field(default_factory=dict)
 
-    @property
-    def output_keys(self) -> tuple[str, ...]:
-        return ("logprobs",) if self.reads == "logprobs" else ("values",)
-
 
 def _thresholds(config: Mapping[str, float]) -> tuple[float, float]:
     return config["clip_low_threshold"], config["clip_high_threshold"]
