@@ -20,6 +20,7 @@ import pathlib
 import string
 
 import torch
+import transformers
 from safetensors import safe_open
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2, help="number of layers (default 2)")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     args = parser.parse_args(argv)
+    transformers.utils.logging.disable_progress_bar()  # a command's output is its result line
     try:
         folder = make_tiny_model(args.folder, seed=args.seed, hidden_size=args.hidden,
                                  num_layers=args.layers, num_heads=args.heads)
