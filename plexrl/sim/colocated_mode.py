@@ -23,7 +23,7 @@ class ColocatedMode(Mode):
         spec = job.spec
         if spec.gpus > self.free_gpus:
             return False
-        workers = [self.new_worker(spec.tp, job.costs.worker_bytes) for _ in range(spec.dp)]
+        workers = [self.new_worker() for _ in range(self.workers_of(spec))]
         for state in states_of(spec):
             self.attach(job, state, workers)
         self.free_gpus -= spec.gpus

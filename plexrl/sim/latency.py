@@ -1,24 +1,26 @@
 """The latency model: how long each function takes on a worker, and how big each model state is.
 
 This replaces execution, and only execution: every scheduling decision still comes from
-`plexrl/policy/`. A *worker* is the gang of `tp` GPUs that holds one replica of a job's model.
+`plexrl/policy/`. A *worker* is a gang of `cluster.worker_gpus` GPUs (a node by default), the
+unit a request runs on; it holds `worker_gpus / tp` replicas of a job's model.
 
-Decode (continuous batching, memory-bound): one decode step over `b` live sequences costs
-`t0 + c*b`, where `t0` reads every weight once (weight bytes / (tp * HBM bandwidth)) and `c` is
-the per-sequence compute and KV traffic. A shard whose responses have lengths `L_i` therefore
-takes `t0 * max(L) + c * sum(L)`: the shard ends when its longest response ends (the long tail),
-and per-GPU throughput `b / (t0 + c b)` rises with the per-worker batch — small data-parallel
-sizes decode more per GPU (the paper's Fig. 7c).
+Decode (continuous batching, memory-bound): one decode step of a replica over `b` live
+sequences costs `t0 + c*b`, where `t0` reads every weight once (weight bytes / (tp * HBM
+bandwidth)) and `c` is the per-sequence compute and KV traffic. A replica whose responses have
+lengths `L_i` therefore takes `t0 * max(L) + c * sum(L)`: it ends when its longest response ends
+(the long tail), and per-GPU throughput `b / (t0 + c b)` rises with the per-replica batch, so
+small data-parallel sizes decode more per GPU (the paper's Fig. 7c). A worker's shard ends with
+its slowest replica.
 Prefill-like work (log-probs) and training cost FLOPs: `2 * active params` per token forward,
-`UPDATE_VS_FORWARD` times that for forward+backward+optimizer.
+`UPDATE_VS_FORWARD` times that for forward+backward+optimizer, spread over the worker's GPUs.
 
 Calibration (H20: 2.8 TB/s and 84 TFLOP/s effective, `DECODE_SEQ_FACTOR` 2.5): Qwen2.5-7B, 2,048
 responses on 32 GPUs gives generation ~375 s and old log-prob ~108 s against the published
 357 s / 108 s; update/log-prob 2.5 matches 270 s / 108 s. Checked in tests/test_sim_latency.py.
 
-State sizes per worker: sampler = bf16 weights (2 B/param, split over tp) plus a KV reserve;
+State sizes per worker: sampler = bf16 weights (2 B/param) of each replica plus a KV reserve;
 trainer = full training state (16 B/param: bf16 weights and grads, fp32 master and Adam moments)
-sharded over every GPU of the job (ZeRO-3), so one worker holds 16 * params / dp bytes.
+sharded over all the job's workers (ZeRO-3).
 """
 
 from __future__ import annotations
@@ -69,22 +71,22 @@ def weight_sync_s(params_b: float) -> float:
 
 
 def job_costs(job: Job, cluster: Cluster, train_workers: int | None = None) -> JobCosts:
-    """Costs of `job` on `cluster`'s device; the training state is sharded over `train_workers`
-    workers (default: all `dp` of them)."""
-    dev = cluster.device
-    flops = dev.tflops * 1e12 * job.tp
-    forward_token_s = 2 * job.active_b * 1e9 / flops
-    worker_bytes = int(dev.memory_gb * GB * dev.usable_fraction * job.tp)
+    """Per-worker costs of `job` on `cluster`; the training state is sharded over
+    `train_workers` workers (default: all the job's workers)."""
+    dev, wg = cluster.device, cluster.worker_gpus
+    forward_token_s = 2 * job.active_b * 1e9 / (dev.tflops * 1e12 * wg)
+    worker_bytes = int(dev.memory_gb * GB * dev.usable_fraction * wg)
     weights = int(BYTES_PER_WEIGHT * job.params_b * 1e9)
+    replica_token_s = 2 * job.active_b * 1e9 / (dev.tflops * 1e12 * job.tp)
     return JobCosts(
         decode_step_s=weights / (dev.hbm_tb_s * 1e12 * job.tp),
-        decode_seq_s=DECODE_SEQ_FACTOR * forward_token_s,
+        decode_seq_s=DECODE_SEQ_FACTOR * replica_token_s,
         forward_token_s=forward_token_s,
         update_token_s=UPDATE_VS_FORWARD * forward_token_s,
         weight_sync_s=job.weight_sync_s if job.weight_sync_s is not None else weight_sync_s(job.params_b),
-        sampler_bytes=weights + int(job.kv_cache_fraction * worker_bytes),
-        ref_bytes=weights,
-        trainer_bytes=int(BYTES_PER_TRAIN_PARAM * job.params_b * 1e9 / (train_workers or job.dp)),
+        sampler_bytes=weights * (wg // job.tp) + int(job.kv_cache_fraction * worker_bytes),
+        ref_bytes=weights * (wg // job.tp),
+        trainer_bytes=int(BYTES_PER_TRAIN_PARAM * job.params_b * 1e9 / (train_workers or job.gpus // wg)),
         worker_bytes=worker_bytes,
     )
 
@@ -98,7 +100,15 @@ def sample_lengths(rollout: Rollout, n: int, rng: np.random.Generator) -> np.nda
     return np.clip(np.rint(lengths), 1, rollout.max_tokens)
 
 
-def decode_shards(costs: JobCosts, lengths: np.ndarray, shards: int) -> tuple[float, ...]:
-    """Seconds each of `shards` workers spends decoding its even share of `lengths`."""
-    per = np.array_split(lengths, shards)
-    return tuple(costs.decode_s(float(p.max()) if len(p) else 0.0, float(p.sum())) for p in per)
+def decode_shards(costs: JobCosts, lengths: np.ndarray, workers: int, replicas_per_worker: int) -> tuple[float, ...]:
+    """Seconds each of `workers` spends decoding: its replicas share `lengths` evenly, and the
+    worker is done when its slowest replica is."""
+    replicas = workers * replicas_per_worker
+    n = len(lengths) - len(lengths) % replicas
+    head = lengths[:n].reshape(replicas, -1)  # the remainder (< replicas) goes one per replica
+    longest, total = head.max(axis=1, initial=0.0), head.sum(axis=1)
+    rest = lengths[n:]
+    longest[: len(rest)] = np.maximum(longest[: len(rest)], rest)
+    total[: len(rest)] += rest
+    per_replica = costs.decode_step_s * longest + costs.decode_seq_s * total
+    return tuple(per_replica.reshape(workers, replicas_per_worker).max(axis=1).tolist())

@@ -43,17 +43,19 @@ def step_rng(seed: int, job_index: int, step: int) -> np.random.Generator:
     return np.random.default_rng((seed, job_index, step))
 
 
-def plan_step(job: Job, costs: JobCosts, rng: np.random.Generator, rollout_shards: int, train_shards: int) -> list[Phase]:
+def plan_step(
+    job: Job, costs: JobCosts, rng: np.random.Generator, rollout_shards: int, train_shards: int, replicas_per_worker: int
+) -> list[Phase]:
     """The phases of one step; `rollout_shards` workers sample, `train_shards` workers train."""
     r = job.rollout
     phases: list[Phase] = []
     lengths = sample_lengths(r, r.responses, rng)
     tool_waits = rng.lognormal(0.0, 0.25, size=r.turns) * r.tool_s
-    phases += _rollout(costs, lengths, r.turns, tool_waits, rollout_shards)
+    phases += _rollout(costs, lengths, r.turns, tool_waits, rollout_shards, replicas_per_worker)
     tokens = float(lengths.sum()) + r.responses * r.prompt_tokens
     if r.refill_fraction > 0:
         refill = sample_lengths(r, max(1, round(r.refill_fraction * r.responses)), rng)
-        phases += _rollout(costs, refill, 1, tool_waits[:0], rollout_shards)
+        phases += _rollout(costs, refill, 1, tool_waits[:0], rollout_shards, replicas_per_worker)
     phases.append(Phase("reward", None, idle_s=job.reward_s * float(rng.lognormal(0.0, 0.1))))
     per_shard = tokens / train_shards
     phases.append(Phase("logprobs", TRAINER, (costs.forward_token_s * per_shard,) * train_shards))
@@ -64,8 +66,10 @@ def plan_step(job: Job, costs: JobCosts, rng: np.random.Generator, rollout_shard
     return phases
 
 
-def _rollout(costs: JobCosts, lengths: np.ndarray, turns: int, tool_waits: np.ndarray, shards: int) -> list[Phase]:
-    per_turn = decode_shards(costs, lengths / turns, shards)
+def _rollout(
+    costs: JobCosts, lengths: np.ndarray, turns: int, tool_waits: np.ndarray, shards: int, replicas_per_worker: int
+) -> list[Phase]:
+    per_turn = decode_shards(costs, lengths / turns, shards, replicas_per_worker)
     phases = []
     for turn in range(turns):
         phases.append(Phase("sample", SAMPLER, per_turn))

@@ -1,107 +1,82 @@
 """PlexRL: jobs share node groups; each worker time-slices the jobs placed on it.
 
-A node group (`cluster.group_nodes` nodes) is split into workers of `tp` GPUs, the tp of the
-first job placed on it, kept until the group empties; a job takes `dp` workers of one group and
-its state shards stay there (affinity: no migration). Requests are scheduled per worker by the
-request policy (`fcfs`, `sjf`, `hrrn`, `plexrl`), and a job is charged what it consumed:
-execution plus the switch-in its dispatches caused.
-
-Placement here is *first-fit*: the first group where the job's memory fits and where the
-projected mean demand of its workers stays within capacity; within the group, the least-loaded
-workers. Demand is the job's busy share of a solo step, from its first step's plan (a given
-profile, DESIGN §6).
+Placement is the policy's: `plexrl.policy.Placer` (phase shift, the default) or `FirstFit`,
+fed the job's demand profile (`profiles.py`) through the policy's `AdmissionQueue`, which
+retries waiting jobs whenever a job ends. The placer's *devices* are our workers (gangs of
+`worker_gpus` GPUs) and its node groups are the cluster's. A job's state shards stay on the
+workers it was placed on (affinity: no migration). A placement's phase shift delays the job's
+first step by that much. Requests are scheduled per worker by the request policy, and a job is
+charged what it consumed: execution plus the switch-in its dispatches caused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from plexrl.sim.phases import plan_step, solo_step_s, states_of, step_rng
+from plexrl.policy.admission import AdmissionQueue
+from plexrl.policy.placement import FirstFit, Placement, Placer
+from plexrl.policy.resources import ResourceView
+from plexrl.sim.phases import states_of
+from plexrl.sim.profiles import job_profile
 from plexrl.sim.runner import Mode
 from plexrl.sim.service import SimJob
-from plexrl.sim.worker import SimWorker
+from plexrl.errors import ConfigError
+from plexrl.sim.workload import GB, Cluster
 
-MAX_LOAD = 1.0  # projected mean busy share a worker may carry
-
-
-@dataclass(eq=False)
-class NodeGroup:
-    gid: int
-    gpus: int
-    tp: int | None = None
-    workers: list[SimWorker] = field(default_factory=list)
-    load: list[float] = field(default_factory=list)
-    host_used: list[int] = field(default_factory=list)
-    jobs: dict[str, list[int]] = field(default_factory=dict)
+SLOT_S = 5.0  # placer horizon slot: 1,024 slots cover ~85 minutes, a few steps of most jobs
+HORIZON_SLOTS = 1024
 
 
-def solo_demand(job: SimJob) -> float:
-    """Mean share of a step each of the job's workers is busy when it runs alone."""
-    spec = job.spec
-    phases = plan_step(spec, job.costs, step_rng(job.seed, job.index, 0), spec.dp, spec.dp)
-    busy = sum(sum(p.shard_s) / len(p.shard_s) for p in phases if p.state)
-    return busy / solo_step_s(phases)
-
-
-def host_bytes(job: SimJob) -> int:
-    c = job.costs
-    sizes = {"sampler": c.sampler_bytes, "ref": c.ref_bytes, "trainer": c.trainer_bytes}
-    return sum(sizes[s] for s in states_of(job.spec))
+def resource_view(cluster: Cluster) -> ResourceView:
+    c = cluster
+    return ResourceView.uniform(
+        pods=c.pods,
+        groups_per_pod=c.nodes_per_pod // c.group_nodes,
+        nodes_per_group=c.group_nodes,
+        devices_per_node=c.gpus_per_node // c.worker_gpus,
+        device_bytes=int(c.device.memory_gb * GB * c.device.usable_fraction * c.worker_gpus),
+        host_bytes=int(c.host_memory_gb * GB),
+    )
 
 
 class PlexRLMode(Mode):
     name = "plexrl"
     charges_reserved = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, placer: type[Placer] = Placer, **kwargs):
         super().__init__(*args, **kwargs)
-        c = self.cluster
-        self.groups = [NodeGroup(g, c.group_gpus) for g in range(c.groups)]
-        self.placed: dict[str, tuple[NodeGroup, list[int], float]] = {}
+        view = resource_view(self.cluster)
+        self.empty_view = resource_view(self.cluster)
+        self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
+        self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S))
+        self.by_name: dict[str, SimJob] = {}
 
-    def place(self, job: SimJob) -> bool:
-        spec, demand, need = job.spec, solo_demand(job), host_bytes(job)
-        for group in self.groups:
-            chosen = self._fit(group, spec.tp, spec.dp, demand, need, job.costs.worker_bytes)
-            if chosen is not None:
-                self._bind(job, group, chosen, demand, need)
-                return True
-        return False
+    def _arrive(self, job: SimJob) -> None:
+        self.by_name[job.name] = job
+        profile = job_profile(job.spec, job.costs, job.seed, job.index, self.workers_of(job.spec), job.replicas_per_worker)
+        if len(self.empty_view.feasible_groups(profile)) == 0:
+            raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
+                              f"{self.empty_view.shortfall(profile)}")
+        decision = self.admission.submit(profile, self.loop.now)
+        if isinstance(decision, Placement):
+            self._launch(job, decision)
 
-    def _fit(self, group: NodeGroup, tp: int, dp: int, demand: float, need: int, arena: int) -> list[int] | None:
-        if group.tp is None and tp * dp <= group.gpus:
-            group.tp = tp
-            group.workers = [self.new_worker(tp, arena) for _ in range(group.gpus // tp)]
-            group.load = [0.0] * len(group.workers)
-            group.host_used = [0] * len(group.workers)
-        if group.tp != tp or len(group.workers) < dp:
-            return None
-        order = sorted(range(len(group.workers)), key=lambda i: (group.load[i], i))[:dp]
-        fits = all(
-            group.load[i] + demand <= MAX_LOAD and group.host_used[i] + need <= group.workers[i].host_bytes
-            for i in order
-        )
-        if not fits and not group.jobs:
-            group.tp, group.workers, group.load, group.host_used = None, [], [], []
-        return order if fits else None
+    def _job_done(self, job: SimJob) -> None:
+        for worker in job.workers["trainer"]:
+            worker.remove_job(job.name)
+        for admission in self.admission.release(job.name, self.loop.now):
+            self._launch(self.by_name[admission.job], admission.placement)
 
-    def _bind(self, job: SimJob, group: NodeGroup, chosen: list[int], demand: float, need: int) -> None:
-        workers = [group.workers[i] for i in chosen]
+    def _launch(self, job: SimJob, placement: Placement) -> None:
+        workers = [self.workers[d] for d in placement.devices]
         for state in states_of(job.spec):
             self.attach(job, state, workers)
-        for i in chosen:
-            group.load[i] += demand
-            group.host_used[i] += need
-        group.jobs[job.name] = chosen
-        self.placed[job.name] = (group, chosen, demand)
+        self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
 
-    def release(self, job: SimJob) -> None:
-        group, chosen, demand = self.placed.pop(job.name)
-        need = host_bytes(job)
-        for i in chosen:
-            group.load[i] -= demand
-            group.host_used[i] -= need
-            group.workers[i].remove_job(job.name)
-        del group.jobs[job.name]
-        if not group.jobs:
-            group.tp, group.workers, group.load, group.host_used = None, [], [], []
+    def waiting_reasons(self) -> dict[str, str]:
+        return {w.profile.job: w.reason for w in self.admission.waiting}
+
+
+def first_fit(workload, cluster, policy) -> PlexRLMode:
+    mode = PlexRLMode(workload, cluster, policy, placer=FirstFit)
+    mode.name = "plexrl-firstfit"
+    return mode
+

@@ -94,15 +94,16 @@ class Mode:
         raise NotImplementedError
 
     # --- shared mechanics --------------------------------------------------------------------------
-    def new_worker(self, tp: int, arena_bytes: int) -> SimWorker:
+    def new_worker(self) -> SimWorker:
         c = self.cluster
+        wg = c.worker_gpus
         worker = SimWorker(
             wid=self._next_wid,
-            gpus=tp,
-            arena_bytes=arena_bytes,
-            host_bytes=int(c.host_memory_gb * GB * tp / c.gpus_per_node),
-            link_bytes_per_s=c.device.host_link_gb_s * GB * tp,
-            disk_bytes_per_s=c.disk_gb_s * GB * tp / c.gpus_per_node,
+            gpus=wg,
+            arena_bytes=int(c.device.memory_gb * GB * c.device.usable_fraction * wg),
+            host_bytes=int(c.host_memory_gb * GB * wg / c.gpus_per_node),
+            link_bytes_per_s=c.device.host_link_gb_s * GB * wg,
+            disk_bytes_per_s=c.disk_gb_s * GB * wg / c.gpus_per_node,
         )
         self._next_wid += 1
         return worker
@@ -116,10 +117,19 @@ class Mode:
     def costs_for(self, job: Job):
         return job_costs(job, self.cluster)
 
+    def workers_of(self, job: Job) -> int:
+        return job.gpus // self.cluster.worker_gpus
+
+    def gpus_of(self, job: Job) -> int:
+        """GPUs the mode gives the job (reserved by the baselines)."""
+        return job.gpus
+
     def run(self) -> ModeResult:
         t0 = time.perf_counter()
         for index, spec in enumerate(expand_jobs(self.workload)):
-            job = SimJob(spec, index, self.workload.seed, self.costs_for(spec), spec.arrival_s)
+            self.cluster.check_job(spec)
+            job = SimJob(spec, index, self.workload.seed, self.costs_for(spec), spec.arrival_s,
+                         self.cluster.worker_gpus // spec.tp)
             self.jobs.append(job)
             self.loop.at(spec.arrival_s, self._arrive, job)
         horizon = self.workload.horizon_s or float("inf")
@@ -145,9 +155,9 @@ class Mode:
         if job.started is None:
             return 0.0
         if self.charges_reserved:
-            return job.spec.gpus * ((job.finished if job.finished is not None else end) - job.started)
+            return self.gpus_of(job.spec) * ((job.finished if job.finished is not None else end) - job.started)
         usage = self.service.ledger.jobs.get(job.name)
-        return 0.0 if usage is None else usage.consumed_device_s * job.spec.tp
+        return 0.0 if usage is None else usage.consumed_device_s * self.cluster.worker_gpus
 
     def _result(self, end: float, wall_s: float) -> ModeResult:
         ledger = self.service.ledger
@@ -155,9 +165,9 @@ class Mode:
         for job in self.jobs:
             usage = ledger.jobs.get(job.name)
             records.append(JobRecord(
-                job.name, job.spec.gpus, job.arrival, job.started, job.finished, job.step,
+                job.name, self.gpus_of(job.spec), job.arrival, job.started, job.finished, job.step,
                 list(job.step_times), self.charged_gpu_s(job, end),
-                0.0 if usage is None else usage.switch_s * job.spec.tp, job.submitted, job.served,
+                0.0 if usage is None else usage.switch_s * self.cluster.worker_gpus, job.submitted, job.served,
             ))
         s = self.service
         start, stop, gpus = (np.frombuffer(a, dtype=np.float64) for a in (s.busy_start, s.busy_end, s.busy_gpus))

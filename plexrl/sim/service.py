@@ -36,6 +36,7 @@ class SimJob:
     seed: int
     costs: JobCosts
     arrival: float
+    replicas_per_worker: int
     workers: dict[str, list[SimWorker]] = field(default_factory=dict)  # state -> one worker per shard
     started: float | None = None
     finished: float | None = None
@@ -58,7 +59,8 @@ class SimJob:
     def next_phases(self) -> list[Phase]:
         rollout = len(self.workers["sampler"])
         train = len(self.workers["trainer"])
-        return plan_step(self.spec, self.costs, step_rng(self.seed, self.index, self.step), rollout, train)
+        rng = step_rng(self.seed, self.index, self.step)
+        return plan_step(self.spec, self.costs, rng, rollout, train, self.replicas_per_worker)
 
 
 class Service:

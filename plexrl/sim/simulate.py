@@ -1,7 +1,8 @@
 """Run one workload in every mode and compare: the simulator's entry point for code and CLI.
 
 Modes: `colocated`, `split`, and PlexRL once per request policy — `plexrl` (the switch-aware
-priority) and `plexrl-hrrn`, `plexrl-sjf`, `plexrl-fcfs`.
+priority) and `plexrl-hrrn`, `plexrl-sjf`, `plexrl-fcfs`, all with phase-shift placement — and
+`plexrl-firstfit` (switch-aware priority, first-fit placement).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Callable
 
 from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import ColocatedMode
-from plexrl.sim.plexrl_mode import PlexRLMode
+from plexrl.sim.plexrl_mode import PlexRLMode, first_fit
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.split_mode import SplitMode
@@ -26,6 +27,7 @@ def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
     }
     for policy in (Policy.HRRN, Policy.SJF, Policy.FCFS):
         table[f"plexrl-{policy.value}"] = lambda w, c, p=policy: PlexRLMode(w, c, p)
+    table["plexrl-firstfit"] = lambda w, c: first_fit(w, c, Policy.PLEXRL)
     return table
 
 

@@ -1,7 +1,8 @@
 """Split baseline: each job owns a rollout pool and a disjoint training pool.
 
-The rollout pool (`max(1, dp // 2)` workers) holds the sampler; the training pool (the other
-workers, at least one) holds the trainer and the reference model. Synchronous on-policy RL:
+The job's workers are cut in two: a rollout pool holding the sampler and a training pool
+holding the trainer and the reference model, half and half, except that the training pool
+grows (and the rollout pool shrinks, to at least one worker) until the training state fits. Synchronous on-policy RL:
 the pools take turns, and the job is charged for both pools for its whole wall time.
 """
 
@@ -14,9 +15,10 @@ from plexrl.sim.service import SimJob
 from plexrl.sim.workload import Job
 
 
-def pool_sizes(job: Job) -> tuple[int, int]:
-    rollout = max(1, job.dp // 2)
-    return rollout, max(1, job.dp - rollout)
+def pool_sizes(workers: int, train_state_bytes: int, arena_bytes: int) -> tuple[int, int]:
+    """(rollout workers, training workers)."""
+    train = max(workers - workers // 2, -(-train_state_bytes // arena_bytes), 1)
+    return max(1, workers - train), train
 
 
 class SplitMode(Mode):
@@ -26,20 +28,24 @@ class SplitMode(Mode):
         super().__init__(*args, **kwargs)
         self.free_gpus = self.cluster.gpus
 
+    def pools(self, job: Job) -> tuple[int, int]:
+        whole = job_costs(job, self.cluster, train_workers=1)
+        return pool_sizes(self.workers_of(job), whole.trainer_bytes, whole.worker_bytes)
+
     def costs_for(self, job: Job):
-        return job_costs(job, self.cluster, train_workers=pool_sizes(job)[1])
+        return job_costs(job, self.cluster, train_workers=self.pools(job)[1])
 
     def gpus_of(self, job: Job) -> int:
-        return job.tp * sum(pool_sizes(job))
+        return self.cluster.worker_gpus * sum(self.pools(job))
 
     def place(self, job: SimJob) -> bool:
         spec = job.spec
         gpus = self.gpus_of(spec)
         if gpus > self.free_gpus:
             return False
-        rollout, train = pool_sizes(spec)
-        rollout_pool = [self.new_worker(spec.tp, job.costs.worker_bytes) for _ in range(rollout)]
-        train_pool = [self.new_worker(spec.tp, job.costs.worker_bytes) for _ in range(train)]
+        rollout, train = self.pools(spec)
+        rollout_pool = [self.new_worker() for _ in range(rollout)]
+        train_pool = [self.new_worker() for _ in range(train)]
         self.attach(job, SAMPLER, rollout_pool)
         for state in states_of(spec):
             if state in (REF, TRAINER):
@@ -49,8 +55,3 @@ class SplitMode(Mode):
 
     def release(self, job: SimJob) -> None:
         self.free_gpus += self.gpus_of(job.spec)
-
-    def charged_gpu_s(self, job: SimJob, end: float) -> float:
-        if job.started is None:
-            return 0.0
-        return self.gpus_of(job.spec) * ((job.finished if job.finished is not None else end) - job.started)

@@ -119,7 +119,10 @@ class SimWorker:
         plan = plan_load(self.view(now), state_id, self.wid)
         if isinstance(plan, NoFit):
             raise RuntimeError(f"worker {self.wid}: {plan.reason}")
-        return [self._apply(t.kind, t.state_id, t.offset) for t in plan.transitions]
+        moves = [self._apply(t.kind, t.state_id, t.offset) for t in plan.transitions]
+        if self.arena_used() > self.arena_bytes:
+            raise RuntimeError(f"worker {self.wid}: arena over budget after loading {state_id}")
+        return moves
 
     def _apply(self, kind: TransitionKind, state_id: str, offset: int | None) -> Move:
         r = self.states[state_id]

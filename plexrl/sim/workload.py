@@ -45,6 +45,7 @@ class Cluster(Strict):
     nodes_per_pod: int = Field(32, ge=1)
     gpus_per_node: int = Field(8, ge=1)
     group_nodes: int = Field(1, ge=1, description="nodes per node group (PlexRL places jobs on groups)")
+    worker_gpus: int = Field(8, ge=1, description="GPUs per worker, the unit a request runs on (divides gpus_per_node)")
     host_memory_gb: float = Field(2048, gt=0, description="host memory per node")
     disk_gb_s: float = Field(5, gt=0, description="node-local disk bandwidth per node")
     device: Device = Device()
@@ -55,7 +56,19 @@ class Cluster(Strict):
             raise ValueError(
                 f"group_nodes = {self.group_nodes} must divide nodes_per_pod = {self.nodes_per_pod}"
             )
+        if self.gpus_per_node % self.worker_gpus:
+            raise ValueError(f"worker_gpus = {self.worker_gpus} must divide gpus_per_node = {self.gpus_per_node}")
         return self
+
+    def check_job(self, job: "Job") -> None:
+        """A job runs on whole workers, and a model replica never spans two workers."""
+        if self.worker_gpus % job.tp:
+            raise ConfigError(f"job {job.name!r}: tp = {job.tp} must divide the cluster's worker_gpus = {self.worker_gpus}")
+        if job.gpus % self.worker_gpus:
+            raise ConfigError(
+                f"job {job.name!r}: tp * dp = {job.gpus} GPUs must be a multiple of the cluster's "
+                f"worker_gpus = {self.worker_gpus}"
+            )
 
     @property
     def gpus(self) -> int:
@@ -104,8 +117,8 @@ class Job(Strict):
     algorithm: Literal["grpo", "dapo"] = "grpo"
     params_b: float = Field(gt=0, description="total parameters, billions")
     active_params_b: float | None = Field(None, gt=0, description="active parameters (MoE); default = params_b")
-    tp: int = Field(1, ge=1, description="GPUs per model replica (one worker)")
-    dp: int = Field(8, ge=1, description="replicas (workers); GPUs = tp * dp")
+    tp: int = Field(1, ge=1, description="GPUs per model replica (divides the cluster's worker_gpus)")
+    dp: int = Field(8, ge=1, description="model replicas; GPUs = tp * dp, a multiple of worker_gpus")
     steps: int = Field(20, ge=1)
     arrival_s: float = Field(0.0, ge=0)
     arrival_every_s: float = Field(0.0, ge=0, description="copies arrive this far apart")

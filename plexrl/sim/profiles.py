@@ -1,0 +1,50 @@
+"""A job's demand profile for the placer, computed from the plan of its first step.
+
+The profile is the one a job brings with it (DESIGN §6: "profiled from its first steps or
+given"): how many of its workers are busy over one solo step, with every state resident, in
+`SLOTS` equal slots, and the bytes each of its states needs per worker.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plexrl.policy.profile import JobProfile, ModelMemory
+from plexrl.sim.latency import JobCosts
+from plexrl.sim.phases import Phase, plan_step, states_of, step_rng
+from plexrl.sim.workload import Job
+
+SLOTS = 64
+
+
+def busy_intervals(phases: list[Phase]) -> tuple[np.ndarray, np.ndarray, float]:
+    """(starts, ends, step length) of every shard of a solo step; phases run back to back."""
+    starts, ends, t = [], [], 0.0
+    for p in phases:
+        if p.state is None:
+            t += p.idle_s
+            continue
+        starts += [t] * len(p.shard_s)
+        ends += [t + s for s in p.shard_s]
+        t += max(p.shard_s)
+    return np.array(starts), np.array(ends), t
+
+
+def demand_per_slot(phases: list[Phase], slots: int = SLOTS) -> tuple[np.ndarray, float]:
+    """(busy workers per slot, step period): exact averages of the busy intervals per slot."""
+    starts, ends, period = busy_intervals(phases)
+    edges = np.linspace(0.0, period, slots + 1)
+    busy_before = np.clip(edges[:, None] - starts[None, :], 0.0, (ends - starts)[None, :]).sum(axis=1)
+    return np.diff(busy_before) / np.diff(edges), period
+
+
+def state_bytes(job: Job, costs: JobCosts) -> dict[str, int]:
+    sizes = {"sampler": costs.sampler_bytes, "ref": costs.ref_bytes, "trainer": costs.trainer_bytes}
+    return {s: sizes[s] for s in states_of(job)}
+
+
+def job_profile(job: Job, costs: JobCosts, seed: int, index: int, workers: int, replicas_per_worker: int) -> JobProfile:
+    phases = plan_step(job, costs, step_rng(seed, index, 0), workers, workers, replicas_per_worker)
+    demand, period = demand_per_slot(phases)
+    models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
+    return JobProfile(job.name, period, tuple(np.minimum(demand, workers)), workers, models, job.slack)

@@ -1,0 +1,82 @@
+"""Workload and cluster files: shipped ones load, bad ones are reported by field, and the CLI
+prints the documented JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plexrl.errors import ConfigError
+from plexrl.sim.cli import main
+from plexrl.sim.workload import SHIPPED, load_cluster, load_workload
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (SHIPPED / "workloads").glob("*.yaml")))
+def test_shipped_workloads_load_and_fit_their_cluster(name):
+    w = load_workload(name)
+    cluster = load_cluster(w.cluster)
+    for job in w.jobs:
+        cluster.check_job(job)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (SHIPPED / "clusters").glob("*.yaml")))
+def test_shipped_clusters_load(name):
+    assert load_cluster(name).gpus > 0
+
+
+BAD = [
+    ("missing params", "jobs: [{name: a}]", "jobs.0.params_b"),
+    ("negative steps", "jobs: [{name: a, params_b: 7, steps: -1}]", "jobs.0.steps = -1"),
+    ("unknown field", "jobs: [{name: a, params_b: 7, gpus: 8}]", "jobs.0.gpus"),
+    ("mixture weights", "jobs: [{name: a, params_b: 7, rollout: {length_weights: [0.5, 0.2, 0.1, 0.1]}}]", "sum to"),
+    ("duplicate names", "jobs: [{name: a, params_b: 7}, {name: a, params_b: 7}]", "repeated: ['a']"),
+    ("not yaml", "jobs: [", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text,expected", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_workload_names_field_and_value(tmp_path, text, expected):
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_workload(str(path))
+    assert expected in str(info.value) and str(path) in str(info.value)
+
+
+def test_unknown_name_lists_shipped_ones():
+    with pytest.raises(ConfigError, match="paper-mix"):
+        load_workload("no-such-workload")
+
+
+def test_job_must_use_whole_workers():
+    cluster = load_cluster("h200-256")
+    bad = load_workload("paper-mix").jobs[0].model_copy(update={"tp": 1, "dp": 3})
+    with pytest.raises(ConfigError, match="multiple of the cluster's worker_gpus = 8"):
+        cluster.check_job(bad)
+
+
+def test_cli_json_has_every_documented_field(tmp_path, capsys):
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "name: cli\ncluster: h200-256\njobs:\n"
+        "  - {name: a, count: 2, params_b: 7, steps: 2, reward_s: 200, rollout: {prompts: 32}}\n"
+    )
+    assert main([str(path), "--json", "--modes", "colocated,split,plexrl,plexrl-fcfs", "--plots", str(tmp_path / "p")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["events_per_s"] > 0 and doc["wall_s"] > 0
+    assert set(doc["results"]) == {"colocated", "split", "plexrl", "plexrl-fcfs"}
+    for summary in doc["results"].values():
+        for key in ("gpu_hours_per_step", "cost_reduction_vs_colocated", "slowdown_mean", "slowdown_p95",
+                    "makespan_s", "queue_delay_p50_s", "queue_delay_p99_s", "utilization", "switch_overhead_share"):
+            assert key in summary
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "cost_per_step.png", "makespan.png", "queue_delay_cdf.png", "utilization.png"]
+
+
+def test_cli_bad_file_is_one_line_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "w.yaml"
+    path.write_text("jobs: [{name: a, params_b: 0}]")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "jobs.0.params_b = 0" in err and "Traceback" not in err
