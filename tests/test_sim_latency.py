@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plexrl.sim.latency import decode_shards, job_costs, sample_lengths, weight_sync_s
-from plexrl.sim.phases import plan_step, step_rng
+from plexrl.sim.phases import job_rng, plan_step
 from plexrl.sim.workload import Job, Rollout, load_cluster
 
 
@@ -70,7 +70,7 @@ def test_qwen7b_on_32_h20_step_breakdown(fn, share, tol):
     cluster = load_cluster("h20-32")
     job = Job(name="q7b", params_b=7, tp=1, dp=32, reward_s=0, algorithm="dapo")
     costs = job_costs(job, cluster)
-    phases = plan_step(job, costs, step_rng(0, 0, 0), 4, 4, 8)
+    phases = plan_step(job, costs, job_rng(0, 0), 4, 4, 8)
     seconds = {p.fn: max(p.shard_s) for p in phases if p.state}
     total = seconds["sample"] + seconds["logprobs"] + seconds["update"]
     assert seconds[fn] / total == pytest.approx(share / ((357 + 108 + 270) / 790), abs=tol)

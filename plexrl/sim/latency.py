@@ -93,10 +93,11 @@ def job_costs(job: Job, cluster: Cluster, train_workers: int | None = None) -> J
 
 def sample_lengths(rollout: Rollout, n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` response lengths from the Gaussian mixture, clipped to [1, max_tokens]."""
-    component = rng.choice(len(rollout.length_weights), size=n, p=rollout.length_weights)
+    cumulative = np.cumsum(rollout.length_weights)
+    component = np.minimum(np.searchsorted(cumulative, rng.random(n), side="right"), len(cumulative) - 1)
     means = np.asarray(rollout.length_means) * rollout.length_scale
     stds = np.asarray(rollout.length_stds) * rollout.length_scale
-    lengths = rng.normal(means[component], stds[component])
+    lengths = means[component] + stds[component] * rng.standard_normal(n)
     return np.clip(np.rint(lengths), 1, rollout.max_tokens)
 
 

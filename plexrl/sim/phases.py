@@ -11,8 +11,9 @@ only used for generation, so split mode can keep it alone on the rollout pool.
 Device phases carry one duration per shard (one shard per worker: the call of that worker);
 the phase ends when every shard has finished. Idle phases carry one duration.
 
-Invariant: the draws depend only on (seed, job index, step), never on the mode simulated, so
-colocated, split and PlexRL runs see the same response lengths and tool waits.
+Invariant: the draws depend only on (seed, job index) and the step order, never on the mode
+simulated, so colocated, split and PlexRL runs see the same response lengths and tool waits.
+Each job draws from its own generator (`job_rng`), one step after the other.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def states_of(job: Job) -> tuple[str, ...]:
     return (SAMPLER, REF, TRAINER) if job.algorithm == "grpo" else (SAMPLER, TRAINER)
 
 
-def step_rng(seed: int, job_index: int, step: int) -> np.random.Generator:
-    return np.random.default_rng((seed, job_index, step))
+def job_rng(seed: int, job_index: int) -> np.random.Generator:
+    return np.random.default_rng((seed, job_index))
 
 
 def plan_step(

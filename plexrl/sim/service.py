@@ -22,7 +22,9 @@ from plexrl.policy import ExecEstimator, Ledger, Policy, choose
 from plexrl.policy.types import Tier
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.latency import JobCosts
-from plexrl.sim.phases import Phase, plan_step, step_rng
+import numpy as np
+
+from plexrl.sim.phases import Phase, job_rng, plan_step
 from plexrl.sim.worker import Request, SimWorker
 from plexrl.sim.workload import Job
 
@@ -48,6 +50,10 @@ class SimJob:
     outstanding: int = 0
     submitted: int = 0
     served: int = 0
+    rng: np.random.Generator | None = None
+
+    def __post_init__(self) -> None:
+        self.rng = job_rng(self.seed, self.index)
 
     @property
     def name(self) -> str:
@@ -59,8 +65,7 @@ class SimJob:
     def next_phases(self) -> list[Phase]:
         rollout = len(self.workers["sampler"])
         train = len(self.workers["trainer"])
-        rng = step_rng(self.seed, self.index, self.step)
-        return plan_step(self.spec, self.costs, rng, rollout, train, self.replicas_per_worker)
+        return plan_step(self.spec, self.costs, self.rng, rollout, train, self.replicas_per_worker)
 
 
 class Service:
