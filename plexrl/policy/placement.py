@@ -120,6 +120,10 @@ class Placer:
             self._hold(old)
         return decision
 
+    def profile_of(self, job: str) -> JobProfile:
+        """The profile `job` was placed with (what `drifted` compares a measured one against)."""
+        return self._placed[job].profile
+
     def placements(self) -> dict[str, Placement]:
         return {job: p.placement for job, p in self._placed.items()}
 
