@@ -73,6 +73,24 @@ def test_decision_table(name):
         assert placer.placements()[profile.job] == decision
 
 
+def test_a_group_with_too_few_big_arenas_is_named():
+    small, big = Node("small", (0,), 2 * GiB, 100 * GiB), Node("big", (1,), 10 * GiB, 100 * GiB)
+    placer = Placer(ResourceView([NodeGroup("g", "p", (small, big))]), horizon_slots=8)
+    decision = placer.place(job("j", SQUARE), 0.0)
+    assert isinstance(decision, Wait)
+    assert "no node group has 2 devices whose arena holds 4294967296 bytes" in decision.reason
+    assert "the best group has 1" in decision.reason
+
+
+def test_fragmented_host_memory_reports_what_can_really_be_used():
+    nodes = tuple(Node(f"n{i}", (i,), 10 * GiB, 6 * GiB) for i in range(2))
+    placer = Placer(ResourceView([NodeGroup("g", "p", nodes)]), horizon_slots=8)
+    placer.place(job("a", (1, 0), devices=1, host=3 * GiB), 0.0)  # n0: 3 GiB left, n1: 6 GiB
+    decision = placer.place(job("b", SQUARE, host=4 * GiB), 0.0)  # needs 4 GiB on each node
+    assert isinstance(decision, Wait)
+    assert "needs 8589934592 bytes" in decision.reason and "best group has 4294967296 bytes" in decision.reason
+
+
 def test_shifted_square_waves_never_overload():
     placer = Placer(cluster(groups=1), horizon_slots=64, slot_s=1.0)
     placer.place(job("a", SQUARE), 0.0)
@@ -212,6 +230,11 @@ def test_replace_moves_a_drifted_job_or_keeps_its_place():
     assert moved.group == "pod0/g1"
     kept = placer.replace(job("b", (2, 2), devices=2, host=200 * GiB), 9.0)
     assert isinstance(kept, Wait) and placer.placements()["b"] == moved
+
+
+def test_only_a_placed_job_can_be_replaced():
+    with pytest.raises(ValueError, match="'x' is not placed"):
+        Placer(cluster(), horizon_slots=8).replace(job("x", SQUARE), 0.0)
 
 
 def test_first_fit_takes_the_first_group_without_shifting():

@@ -47,6 +47,10 @@ _BLOCK_GROUPS = 8  # hot groups scored per step of the pruned search
 
 @dataclass(frozen=True)
 class Placement:
+    """Where a job lives. The runtime starts the job's first step `phase_shift_s` after the
+    decision time (a start offset; a re-placed job delays its next step by it) and keeps its
+    states on `devices` (one per job device, all in `group`) and their nodes."""
+
     group: str
     phase_shift_s: float
     score: float  # device-seconds of projected overload on the group over the horizon
@@ -56,6 +60,8 @@ class Placement:
 
 @dataclass(frozen=True)
 class Wait:
+    """The job cannot be placed now; `reason` names the resource that is short."""
+
     reason: str
 
 
@@ -67,6 +73,10 @@ class _Placed:
 
 
 class Placer:
+    """Cluster-wide placement state: the view (memory committed), the horizon (projected load)
+    and the jobs placed. `max_shifts` bounds the candidate phase shifts per decision; a period
+    longer than that many slots is searched with a coarser stride."""
+
     def __init__(self, view: ResourceView, horizon_slots: int = 1024, slot_s: float = 1.0, max_shifts: int = 64):
         if max_shifts < 1:
             raise ValueError(f"max_shifts must be >= 1, got {max_shifts}")
@@ -112,7 +122,10 @@ class Placer:
             self.horizon.remove(job)
 
     def replace(self, profile: JobProfile, now: float) -> Placement | Wait:
-        """Re-place a placed job with a new (measured) profile; on Wait it keeps its old place."""
+        """Re-place a placed job with a new (measured) profile; on Wait it keeps its old place.
+        A new group in the answer means a migration (spill, then restore on the new group)."""
+        if profile.job not in self._placed:
+            raise ValueError(f"job {profile.job!r} is not placed; use place()")
         old = self._placed[profile.job]
         self.release(profile.job)
         decision = self.place(profile, now)
