@@ -43,6 +43,7 @@ from plexrl.policy.resources import ResourceView
 _TINY = 1e-9  # devices; overload below this is float residue, not contention
 _CHUNK_CELLS = 1 << 21  # bounds the (shifts x hot slots) scratch array to ~16 MB
 _BLOCK_GROUPS = 8  # hot groups scored per step of the pruned search
+_TIGHTEST = 8  # slots per group checked by the cheap can-it-reach-zero filter
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,9 @@ class Placer:
             return Wait(self.view.shortfall(profile))
         shifts = self._shift_slots(profile)
         demand = self._shifted_demand(profile, now, shifts)
-        scores = self._scores(groups, demand)
-        g, k = self._pick(groups, scores)
+        carried = self._carried(groups)
+        scores = self._scores(groups, demand, carried)
+        g, k = self._pick(scores, carried)
         return self._judge(profile, int(groups[g]), int(shifts[k]), float(scores[g, k]), demand[k])
 
     def commit(self, profile: JobProfile, placement: Placement, now: float) -> None:
@@ -162,31 +164,45 @@ class Placer:
         by_time = sliding_window_view(extended, h.slots)[top - shifts]
         return by_time[:, h.positions()]
 
-    def _scores(self, groups: np.ndarray, demand: np.ndarray) -> np.ndarray:
+    def _scores(self, groups: np.ndarray, demand: np.ndarray, carried: np.ndarray) -> np.ndarray:
         """score[g, k]: overload device-seconds of `groups[g]` with the job shifted by shifts[k].
 
         Exact pruning: a group with no hot slot (one where load + the job's peak demand exceeds
-        capacity) scores 0 at every shift. Once some group scores 0, groups carrying less load
-        can at best tie at 0 and lose the tie-break, so they are left at +inf unscored; hot
-        groups are visited from the most loaded down.
+        capacity) scores 0 at every shift. Once some group is known to score 0, the only
+        groups that can still win are those carrying at least as much load that can also
+        reach 0; the others are left at +inf unscored. Hot groups are visited from the most
+        loaded down.
         """
         hot = self._hot(groups, demand)
-        carried = self._carried(groups)
         cool = ~hot.any(axis=1)
         scores = np.full((len(groups), len(demand)), np.inf)
         scores[cool] = 0.0
         floor = carried[cool].max() if cool.any() else -np.inf
         hot_rows = np.flatnonzero(~cool)
         hot_rows = hot_rows[np.lexsort((hot_rows, -carried[hot_rows]))]
+        may_zero = self._may_reach_zero(groups[hot_rows], demand, hot[hot_rows])
         for lo in range(0, len(hot_rows), _BLOCK_GROUPS):
             block = hot_rows[lo: lo + _BLOCK_GROUPS]
             if carried[block[0]] < floor:
                 break
+            if floor > -np.inf:
+                block = block[may_zero[lo: lo + _BLOCK_GROUPS] & (carried[block] >= floor)]
             scores[block] = self._overload(groups[block], demand, hot[block])
             zero = block[scores[block].min(axis=1) == 0]
             if len(zero):
                 floor = max(floor, carried[zero].max())
         return scores
+
+    def _may_reach_zero(self, groups: np.ndarray, demand: np.ndarray, hot: np.ndarray) -> np.ndarray:
+        """A necessary condition for a zero score, per group: some shift keeps the job within
+        the room left in each of the group's tightest slots. False means the group cannot
+        score 0 (a cell overloaded by more than a micro device-second would show in the
+        rounded score)."""
+        room = np.where(hot, self.view.capacity[groups][:, None] - self.horizon.load[groups], np.inf)
+        m = min(_TIGHTEST, room.shape[1])
+        tight = np.argpartition(room, m - 1, axis=1)[:, :m]
+        allowed = np.take_along_axis(room, tight, axis=1) + 1e-6 / self.horizon.slot_s
+        return (demand[:, tight] <= allowed[None]).all(axis=2).any(axis=0)
 
     def _hot(self, groups: np.ndarray, demand: np.ndarray) -> np.ndarray:
         peak = demand.max()
@@ -214,16 +230,12 @@ class Placer:
         """Projected demand already on each group (rounded so float residue cannot break ties)."""
         return np.round(self.horizon.load[groups].sum(axis=1), 6)
 
-    def _pick(self, groups: np.ndarray, scores: np.ndarray) -> tuple[int, int]:
-        """(row, shift index) of the best candidate; see the module docstring for tie-breaks."""
-        n_groups, n_shifts = scores.shape
-        order = np.lexsort((
-            np.tile(np.arange(n_shifts), n_groups),
-            np.repeat(np.arange(n_groups), n_shifts),
-            np.repeat(-self._carried(groups), n_shifts),
-            scores.ravel(),
-        ))
-        return divmod(int(order[0]), n_shifts)
+    def _pick(self, scores: np.ndarray, carried: np.ndarray) -> tuple[int, int]:
+        """(row, shift index) of the best candidate: lowest score, then most carried load, then
+        the earlier group, then the smaller shift (see the module docstring)."""
+        rows, shifts = np.nonzero(scores == scores.min())
+        best = np.lexsort((shifts, rows, -carried[rows]))[0]
+        return int(rows[best]), int(shifts[best])
 
     def _judge(self, profile: JobProfile, group: int, shift: int, score: float, demand: np.ndarray) -> Placement | Wait:
         h = self.horizon
@@ -261,10 +273,10 @@ class FirstFit(Placer):
     def _shift_slots(self, profile: JobProfile) -> np.ndarray:
         return np.zeros(1, dtype=np.int64)
 
-    def _scores(self, groups: np.ndarray, demand: np.ndarray) -> np.ndarray:
+    def _scores(self, groups: np.ndarray, demand: np.ndarray, carried: np.ndarray) -> np.ndarray:
         scores = np.full((len(groups), len(demand)), np.inf)
         scores[:1] = self._overload(groups[:1], demand, self._hot(groups[:1], demand))
         return scores
 
-    def _pick(self, groups: np.ndarray, scores: np.ndarray) -> tuple[int, int]:
+    def _pick(self, scores: np.ndarray, carried: np.ndarray) -> tuple[int, int]:
         return 0, 0
