@@ -49,6 +49,10 @@ CASES = {
         ("wait", "free devices' worth of host memory")),
     "overload beyond slack": (
         cluster(groups=1), [job("a", ALWAYS)], job("b", ALWAYS), ("wait", "beyond its slack of 10%")),
+    "a newcomer that would push a co-tenant beyond its slack waits": (
+        # a's one device shares 3 devices' demand with b half the time: a stretches by 25%
+        cluster(groups=1), [job("a", (1,) * 8, devices=1)], job("b", SQUARE, slack=np.inf),
+        ("wait", "would slow job 'a' by 25%, beyond its slack of 10%")),
     "overload within a generous slack": (
         # b's one busy device meets a full group: that slot runs at 2/3 speed, b stretches 50%
         cluster(groups=1), [job("a", ALWAYS)], job("b", (1, 0, 0, 0, 0, 0, 0, 0), devices=1, slack=1.0),

@@ -83,6 +83,10 @@ class Horizon:
             if other_row == row:
                 self.load[row, cols] += self.project(profile, anchor, self.origin, self.slots)
 
+    def jobs_on(self, row: int) -> list[tuple[str, JobProfile, float]]:
+        """(job, profile, anchor) of every job projected onto `row`, in the order they came."""
+        return [(job, p, anchor) for job, (r, p, anchor) in self._jobs.items() if r == row]
+
     def window(self, row: int) -> np.ndarray:
         """One group's load in time order, from the slot holding now."""
         return np.roll(self.load[row], -(self.origin % self.slots))

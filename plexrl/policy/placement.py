@@ -16,8 +16,9 @@ How a decision is made:
    one projection of the job, shifted by index);
 3. choice: lowest score; ties go to the group already carrying more load (packing keeps empty
    groups for large jobs), then to the earlier group, then to the smaller shift;
-4. slack: the chosen placement's step inflation for the job is estimated and the job waits
-   when it exceeds the job's slack.
+4. slack: the chosen placement's step inflation is estimated for the job and for every job
+   already on the group; the job waits when it would exceed its own slack or push a
+   co-tenant beyond theirs (only the best candidate is checked: no second-best search).
 
 Inflation model (ours): fluid processor sharing. In a slot where the group's demand L + d
 exceeds its capacity c, every busy device-demand progresses at c / (L + d), so the job's work
@@ -247,8 +248,30 @@ class Placer:
                 f"{profile.slack:.0%}: even the best placement (group {name!r}, phase shift "
                 f"{shift * h.slot_s:g} s) projects {score:.1f} device-s of overload over the horizon"
             )
+        hurt = self._hurt_tenant(group, demand)
+        if hurt is not None:
+            tenant, slowed, slack = hurt
+            return Wait(
+                f"job {profile.job!r} would slow job {tenant!r} by {slowed:.0%}, beyond its slack of "
+                f"{slack:.0%}: even the best placement (group {name!r}, phase shift "
+                f"{shift * h.slot_s:g} s) projects {score:.1f} device-s of overload over the horizon"
+            )
         devices = self.view.choose_devices(group, profile)
         return Placement(name, shift * h.slot_s, score, devices, inflation)
+
+    def _hurt_tenant(self, group: int, demand: np.ndarray) -> tuple[str, float, float] | None:
+        """The first job already on `group` that the newcomer's `demand` (ring order) would push
+        beyond its slack, with its inflation and slack; a job already beyond it before only
+        counts if the newcomer makes it worse."""
+        h, cap = self.horizon, self.view.capacity[group]
+        in_time = h.columns(h.origin, h.slots)
+        before, after = h.load[group][in_time], (h.load[group] + demand)[in_time]
+        for job, profile, anchor in h.jobs_on(group):
+            mine = h.project(profile, anchor, h.origin, h.slots)
+            slowed = step_inflation(after - mine, mine, cap)
+            if slowed > max(profile.slack, step_inflation(before - mine, mine, cap)) + _TINY:
+                return job, slowed, profile.slack
+        return None
 
     def _hold(self, placed: _Placed) -> None:
         job, p = placed.profile.job, placed.placement
