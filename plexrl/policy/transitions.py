@@ -14,6 +14,8 @@ longest ago goes first. On the device, victims must form one contiguous window o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from plexrl.policy.types import (
     LoadPlan,
     NoFit,
@@ -50,6 +52,7 @@ def plan_load(view: ResidencyView, state_id: str, device: int) -> LoadPlan | NoF
             return spills
         steps.extend(spills)
         steps.append(Transition(TransitionKind.RESTORE, state_id, state.host_bytes))
+        view = after(view, spills)
 
     window = choose_window(view, device, state.device_bytes, exclude=state_id)
     if window is None:
@@ -62,6 +65,16 @@ def plan_load(view: ResidencyView, state_id: str, device: int) -> LoadPlan | NoF
         steps.append(Transition(TransitionKind.OFFLOAD, victim.state_id, victim.device_bytes, device))
     steps.append(Transition(TransitionKind.LOAD, state_id, state.device_bytes, device, offset))
     return LoadPlan(state_id, device, offset, tuple(steps))
+
+
+def after(view: ResidencyView, transitions: list[Transition]) -> ResidencyView:
+    """The view once `transitions` (offloads, spills, restores) have run."""
+    tiers = {TransitionKind.OFFLOAD: Tier.HOST, TransitionKind.SPILL: Tier.DISK, TransitionKind.RESTORE: Tier.HOST}
+    states = dict(view.states)
+    for t in transitions:
+        if t.kind in tiers:
+            states[t.state_id] = replace(states[t.state_id], tier=tiers[t.kind], device=None, offset=None)
+    return ResidencyView(states, view.device_capacity, view.host_capacity)
 
 
 def choose_window(
@@ -94,18 +107,25 @@ def choose_window(
 
 
 def plan_host_room(view: ResidencyView, need: int, exclude: frozenset[str] | set[str] = frozenset()) -> list[Transition] | NoFit:
-    """SPILL transitions that free `need` bytes of host capacity, least valuable first."""
+    """Transitions that free `need` bytes of host capacity, least valuable first.
+
+    Host-only states are spilled first; an idle device-resident state (whose persistent host
+    buffer also counts) is offloaded and then spilled only when that is not enough.
+    """
     free = view.host_capacity - view.host_used()
     if need <= free:
         return []
     candidates = sorted(
-        (s for s in view.states.values() if s.tier is Tier.HOST and not s.busy and s.state_id not in exclude),
-        key=victim_value,
+        (s for s in view.states.values()
+         if s.tier is not Tier.DISK and not s.busy and s.state_id not in exclude),
+        key=lambda s: (s.tier is Tier.DEVICE, *victim_value(s)),
     )
     spills = []
     for victim in candidates:
         if free >= need:
             break
+        if victim.tier is Tier.DEVICE:
+            spills.append(Transition(TransitionKind.OFFLOAD, victim.state_id, victim.device_bytes, victim.device))
         spills.append(Transition(TransitionKind.SPILL, victim.state_id, victim.host_bytes))
         free += victim.host_bytes
     if free < need:

@@ -150,11 +150,12 @@ class LocalCluster:
             sm.materialize(snapshot, trainer.job, write)
             with sm.lock:
                 snapshot.busy = False
+                sm.changed.notify_all()
             return snapshot
         version = self.router.next_version(trainer.state_id, name)
         fresh = ModelState(f"{trainer.state_id}@{name}.v{version}", trainer.job, f"{trainer.name}@{name}",
                            skeleton_like(trainer.module), False, trainer.source)
-        sm.add(fresh, initial=weights)
+        sm.add(fresh, initial=weights, holding=frozenset({trainer.state_id}))
         self.router.bind(fresh.state_id, self.router.group_of(trainer.state_id))
         self.router.set_sampler(trainer.state_id, name, fresh.state_id)
         if snapshot is not None:

@@ -1,7 +1,7 @@
 """The router: maps each model state to the worker group holding it and forwards requests there.
 
 Stateless apart from the placement table it is given; a state never leaves its group (affinity).
-Until the Placer decides (issue 4), a new job goes to the group with the fewest state bytes.
+Until the Placer decides (issue 4), a new job goes to the group with the fewest jobs, then bytes.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ class Router:
                 self._job_group[job] = min(range(len(self.groups)), key=self._group_bytes)
             return self._job_group[job]
 
-    def _group_bytes(self, group: int) -> tuple[int, int]:
+    def _group_bytes(self, group: int) -> tuple[int, int, int]:
+        jobs = sum(1 for g in self._job_group.values() if g == group)
         sm = self.groups[group].sm
-        return (sum(s.host_bytes for s in sm.states.values()), group)
+        return (jobs, sum(s.host_bytes for s in sm.states.values()), group)
 
     def placement(self, job: str) -> int | None:
         return self._job_group.get(job)

@@ -57,7 +57,7 @@ class GroupScheduler:
         self.sm = state_manager
         self.policy = policy
         self.telemetry = telemetry
-        self._cond = threading.Condition(state_manager.lock)
+        self._cond = state_manager.changed
         self._fifos: dict[str, deque[Request]] = {}
         self._ready = ReadyQueue()
         self._parked: set[str] = set()  # ready heads whose state is being moved by someone else

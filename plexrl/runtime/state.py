@@ -33,6 +33,7 @@ class ModelState:
     trainable: bool
     source: str  # the folder it was loaded from
     params: list[torch.nn.Parameter] = field(init=False)
+    shapes: list[torch.Size] = field(init=False)  # kept: an unbound parameter has no shape
     numel: int = field(init=False)
     host: torch.Tensor | None = None  # persistent host buffer (None while on DISK)
     tier: Tier = Tier.HOST
@@ -49,6 +50,7 @@ class ModelState:
 
     def __post_init__(self) -> None:
         self.params = list(self.module.parameters())  # unique: tied weights appear once
+        self.shapes = [p.shape for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
 
     @property
@@ -67,11 +69,11 @@ class ModelState:
         weights = self.segment(flat, 0)
         grads = self.segment(flat, 1) if self.trainable else None
         offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.data = weights[offset : offset + n].view(p.shape)
+        for p, shape in zip(self.params, self.shapes):
+            n = shape.numel()
+            p.data = weights[offset : offset + n].view(shape)
             if grads is not None:
-                p.grad = grads[offset : offset + n].view(p.shape)
+                p.grad = grads[offset : offset + n].view(shape)
             offset += n
 
     def unbind(self) -> None:

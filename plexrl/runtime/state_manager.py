@@ -41,6 +41,12 @@ from plexrl.runtime.telemetry import Telemetry
 HOST_SIDE = (TransitionKind.SPILL, TransitionKind.RESTORE)
 
 
+def host_side_end(plan: LoadPlan) -> int:
+    """Steps before this index make host room or restore (run under the lock, in `prepare`)."""
+    kinds = [t.kind for t in plan.transitions]
+    return max((i + 1 for i, k in enumerate(kinds) if k in HOST_SIDE), default=0)
+
+
 class StateManager:
     def __init__(
         self,
@@ -59,6 +65,7 @@ class StateManager:
         self.pin_memory = pin_memory
         self.states: dict[str, ModelState] = {}
         self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # notified when states are released
         self.pending: Callable[[str], int] = lambda state_id: 0  # set by the schedulers
 
     # -- views for the policy ------------------------------------------------------------
@@ -80,9 +87,10 @@ class StateManager:
         return sum(s.device_bytes for s in self.states.values() if s.tier is Tier.DEVICE and s.device == device)
 
     # -- adding and removing states -------------------------------------------------------
-    def add(self, state: ModelState, initial: torch.Tensor | None = None) -> None:
+    def add(self, state: ModelState, initial: torch.Tensor | None = None, holding: frozenset[str] = frozenset()) -> None:
         """Register a state and give it its persistent host buffer, filled from its module
-        (or from `initial`, a flat weights tensor)."""
+        (or from `initial`, a flat weights tensor). When host room is short only because states
+        are in use, wait for them — except the ones the caller itself `holding`s."""
         smallest = min(a.capacity_bytes for a in self.arenas.values())
         if state.device_bytes > smallest:
             raise errors.StateTooLarge(
@@ -99,6 +107,9 @@ class StateManager:
                     f"node's host budget is {self.host_capacity:,}; expected host_memory_bytes >= {state.host_bytes:,}"
                 )
             room = plan_host_room(self.view(), state.host_bytes)
+            while isinstance(room, NoFit) and any(s.busy and s.state_id not in holding for s in self.states.values()):
+                self.changed.wait(0.05)  # states in use now free their host buffers when released
+                room = plan_host_room(self.view(), state.host_bytes)
             if isinstance(room, NoFit):
                 raise errors.StateTooLarge(f"cannot add model {state.name!r} of job {state.job!r}: {room.reason}")
             for t in room:
@@ -149,32 +160,28 @@ class StateManager:
             plan = plan_load(self.view(), state_id, device)
         if isinstance(plan, NoFit):
             return plan
-        for t in plan.transitions:
-            if t.kind in HOST_SIDE:
-                self._run(t, job)
+        for t in plan.transitions[: host_side_end(plan)]:
+            self._run(t, job)
         state.busy = True
-        for t in plan.transitions:
+        for t in plan.transitions[host_side_end(plan):]:
             if t.kind is TransitionKind.OFFLOAD:
                 self.states[t.state_id].busy = True
         return plan
 
     def apply(self, plan: LoadPlan, job: str) -> float:
         """Run the device-side steps of a prepared plan; returns the seconds they took."""
-        total = 0.0
-        for t in plan.transitions:
-            if t.kind not in HOST_SIDE:
-                total += self._run(t, job)
-        return total
+        return sum(self._run(t, job) for t in plan.transitions[host_side_end(plan):])
 
     def release(self, plan: LoadPlan, now: float) -> None:
         with self.lock:
-            for t in plan.transitions:
+            for t in plan.transitions[host_side_end(plan):]:
                 if t.kind is TransitionKind.OFFLOAD and t.state_id != plan.state_id:
                     self.states[t.state_id].busy = False
             state = self.states.get(plan.state_id)
             if state is not None:
                 state.busy = False
                 state.last_used_s = now
+            self.changed.notify_all()
 
     # -- transitions --------------------------------------------------------------------------
     def _run(self, t: Transition, job: str) -> float:

@@ -1,0 +1,243 @@
+"""DESIGN §9 invariants on the real runtime, each checked from the outside (results, event log).
+
+1 transparency: a job multiplexed with others ends bitwise equal to the same job run alone;
+2 budgets: device arenas and host memory never exceed their budgets (replayed from the event log,
+  also as a property over random request streams); functions execute only on resident states;
+3 isolation: one job's calls never read or change another job's state;
+4 affinity: a state never leaves its node;
+5 completion: every admitted request completes or fails into its future; a failing job stops no other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import plexrl
+from plexrl import errors
+
+MiB = 1 << 20
+
+
+def datum(ids, **extra):
+    return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
+
+
+def rl_job(cluster, job, model_dir, seed, steps=3):
+    """A small policy-gradient loop: sample, score, importance-sampling update. Returns final weights."""
+    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed)
+    prompt = [5 + seed, 6, 7]
+    for step in range(steps):
+        sampler = trainer.save_weights_and_get_sampling_client()
+        out = sampler.sample(plexrl.ModelInput.from_ints(prompt), num_samples=4,
+                             sampling_params=plexrl.SamplingParams(max_tokens=6, seed=100 * seed + step)).result()
+        rewards = np.array([float(sum(s.tokens) % 7) for s in out.sequences])
+        advantages = rewards - rewards.mean()
+        data = []
+        for seq, adv in zip(out.sequences, advantages):
+            tokens = prompt + seq.tokens
+            n = len(tokens) - 1
+            logprobs = np.zeros(n, dtype=np.float32)
+            logprobs[len(prompt) - 1:] = seq.logprobs
+            adv_tokens = np.zeros(n, dtype=np.float32)
+            adv_tokens[len(prompt) - 1:] = adv
+            data.append(datum(tokens, logprobs=logprobs, advantages=adv_tokens))
+        trainer.forward_backward(data, loss_fn="importance_sampling")
+        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result()
+        cluster.report_step(job, step)
+    return trainer.state.flat_weights().clone()
+
+
+def replay_budgets(events, device_capacity, host_capacity):
+    """Reconstruct residency from the event log; return the peak bytes per device and on the host."""
+    device_use, host_use = defaultdict(int), 0
+    peak_device, peak_host = defaultdict(int), 0
+    where: dict[str, int] = {}
+    for e in events:
+        if e["event"] == "state_added":
+            host_use += e["host_bytes"]
+        elif e["event"] == "state_removed":
+            if e["tier"] != "disk":
+                host_use -= e["host_bytes"]
+            if e["tier"] == "device":
+                device_use[e["device"]] -= e["device_bytes"]
+                where.pop(e["state"], None)
+        elif e["event"] == "transition":
+            kind, sid, size = e["kind"], e["state"], e["state_bytes"]
+            if kind == "load":
+                device_use[e["device"]] += size
+                where[sid] = e["device"]
+            elif kind == "offload":
+                device_use[where.pop(sid)] -= size
+            elif kind == "spill":
+                host_use -= size
+            elif kind == "restore":
+                host_use += size
+        for d, used in device_use.items():
+            peak_device[d] = max(peak_device[d], used)
+        peak_host = max(peak_host, host_use)
+    assert all(v <= device_capacity for v in peak_device.values()), (dict(peak_device), device_capacity)
+    assert peak_host <= host_capacity, (peak_host, host_capacity)
+    return peak_device, peak_host
+
+
+def test_transparency_multiplexed_equals_alone(tiny_model):
+    state_bytes = None
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as alone:
+        solo = rl_job(alone, "job-a", tiny_model, seed=1)
+        state_bytes = alone.state_managers[0].states["job-a/policy"].device_bytes
+    # Room for one trainer and one snapshot per device: three jobs must keep switching.
+    budget = state_bytes + state_bytes // 4 + 4096
+    with plexrl.LocalCluster(devices=2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as shared:
+        results = {}
+        threads = [threading.Thread(target=lambda j=j, s=s: results.__setitem__(j, rl_job(shared, j, tiny_model, s)))
+                   for j, s in (("job-a", 1), ("job-b", 2), ("job-c", 3))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        metrics = shared.metrics()
+        replay_budgets(shared.events(), budget, 256 * MiB)
+    assert metrics["switches"] > 6, "the budget was meant to force switches"
+    assert torch.equal(results["job-a"], solo), "multiplexing changed job-a's weights"
+    assert not torch.equal(results["job-b"], solo)
+
+
+def test_accounting_adds_up(tiny_model):
+    with plexrl.LocalCluster(devices=2, device_memory_bytes=8 * MiB, host_memory_bytes=64 * MiB) as c:
+        threads = [threading.Thread(target=rl_job, args=(c, f"job-{i}", tiny_model, i, 2)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        m = c.metrics()
+    consumed = sum(j["consumed_device_s"] for j in m["jobs"].values())
+    assert consumed == pytest.approx(m["device_busy_s"], rel=1e-9)
+    assert m["device_busy_s"] <= m["uptime_s"] * 2
+
+
+def test_isolation_one_job_cannot_touch_another(tiny_model):
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as c:
+        a = c.service_client("job-a").create_training_client(base_model=tiny_model)
+        b = c.service_client("job-b").create_training_client(base_model=tiny_model)
+        a_weights = a.state.flat_weights().clone()
+        for _ in range(3):
+            b.forward_backward([datum([5, 6, 7, 8])]).result()
+            b.optim_step(plexrl.AdamParams(learning_rate=0.1)).result()
+        assert torch.equal(a.state.flat_weights(), a_weights)
+        assert not torch.equal(b.state.flat_weights(), a_weights)
+        assert a.state.job == "job-a" and b.state.job == "job-b"
+        touched = {e["job"] for e in c.events() if a.model_id in (e.get("model"), e.get("state"))}
+        assert touched == {"job-a"}
+
+
+def test_affinity_states_stay_on_their_node(tiny_model):
+    with plexrl.LocalCluster(devices=4, nodes=2, device_memory_bytes=8 * MiB, host_memory_bytes=64 * MiB) as c:
+        threads = [threading.Thread(target=rl_job, args=(c, f"job-{i}", tiny_model, i, 2)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        node_of_state = {}
+        for e in c.events():
+            if e["event"] in ("transition", "state_added"):
+                node_of_state.setdefault(e["state"], set()).add(e["node"])
+            if e["event"] == "transition" and e["device"] is not None:
+                assert e["device"] // 2 == e["node"], "a state was loaded onto another node's device"
+        assert all(len(nodes) == 1 for nodes in node_of_state.values()), node_of_state
+        assert {c.metrics()["jobs"][f"job-{i}"]["placement"]["node"] for i in range(4)} == {0, 1}
+
+
+def test_a_failing_job_stops_no_other(tiny_model):
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as c:
+        good = c.service_client("good").create_training_client(base_model=tiny_model)
+        bad = c.service_client("bad").create_training_client(base_model=tiny_model)
+
+        def explode(data, logprobs):
+            raise RuntimeError("user loss bug")
+
+        futures = []
+        for _ in range(3):
+            futures.append(("bad", bad.forward_backward_custom([datum([5, 6, 7])], explode)))
+            futures.append(("good", good.forward_backward([datum([5, 6, 7])])))
+        for who, f in futures:
+            if who == "bad":
+                with pytest.raises(errors.ExecutionError, match="user loss bug"):
+                    f.result(timeout=60)
+            else:
+                assert f.result(timeout=60).metrics["loss:sum"] > 0
+        assert c.metrics()["jobs"]["bad"]["failed"] == 3
+
+
+def test_close_fails_queued_calls_and_refuses_new_ones(tiny_model):
+    c = plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB)
+    trainer = c.service_client("job").create_training_client(base_model=tiny_model)
+    futures = [trainer.forward_backward([datum([5, 6, 7, 8, 9, 10])]) for _ in range(20)]
+    c.close()
+    outcomes = {"ok": 0, "closed": 0}
+    for f in futures:
+        try:
+            f.result(timeout=60)
+            outcomes["ok"] += 1
+        except errors.ClusterClosed:
+            outcomes["closed"] += 1
+    assert sum(outcomes.values()) == 20
+    with pytest.raises(errors.ClusterClosed):
+        trainer.forward_backward([datum([5, 6, 7])]).result(timeout=5)
+    with pytest.raises(errors.ClusterClosed):
+        c.service_client("other")
+
+
+@pytest.fixture(scope="module")
+def micro_cluster_factory(micro_model):
+    return micro_model
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["fb", "step", "lp", "sample", "sync"])),
+                       min_size=5, max_size=25),
+       policy=st.sampled_from(["fcfs", "sjf", "hrrn", "plexrl"]))
+def test_budgets_hold_over_random_request_streams(micro_model, stream, policy):
+    """Random interleavings of several jobs' calls under budgets that force offloads and spills."""
+    from plexrl.runtime.state import load_module
+
+    numel = sum(p.numel() for p in load_module(micro_model).parameters())
+    trainer_bytes = 16 * numel
+    device_budget = trainer_bytes + trainer_bytes // 2
+    host_budget = 3 * trainer_bytes
+    with plexrl.LocalCluster(devices=2, device_memory_bytes=device_budget, host_memory_bytes=host_budget,
+                             policy=policy) as c:
+        trainers = [c.service_client(f"job-{i}").create_training_client(base_model=micro_model, seed=i) for i in range(4)]
+        samplers: dict[int, plexrl.SamplingClient] = {}
+        futures = []
+        for job, op in stream:
+            t = trainers[job]
+            if op == "fb":
+                futures.append(t.forward_backward([datum([5, 6, 7, 8])]))
+            elif op == "step":
+                futures.append(t.optim_step(plexrl.AdamParams(learning_rate=1e-3)))
+            elif op == "sync":
+                futures.append(t.save_weights_for_sampler())
+            elif op == "lp" and job in samplers:
+                futures.append(samplers[job].compute_logprobs(plexrl.ModelInput.from_ints([5, 6, 7])))
+            elif op == "sample":
+                samplers[job] = t.save_weights_and_get_sampling_client()
+                futures.append(samplers[job].sample(plexrl.ModelInput.from_ints([5, 6]), 2,
+                                                    plexrl.SamplingParams(max_tokens=3, seed=1)))
+        for f in futures:
+            f.result(timeout=120)
+        replay_budgets(c.events(), device_budget, host_budget)
+        resident: dict[str, int] = {}
+        for e in c.events():  # in emission order: a worker emits "start" after its own loads
+            if e["event"] == "transition" and e["kind"] == "load":
+                resident[e["state"]] = e["device"]
+            elif e["event"] == "transition" and e["kind"] == "offload":
+                resident.pop(e["state"], None)
+            elif e["event"] == "start" and e["device"] is not None:
+                assert resident.get(e["model"]) == e["device"], "executed a state not resident on its device"
