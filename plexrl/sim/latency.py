@@ -18,6 +18,13 @@ Calibration (H20: 2.8 TB/s and 84 TFLOP/s effective, `DECODE_SEQ_FACTOR` 2.5): Q
 responses on 32 GPUs gives generation ~375 s and old log-prob ~108 s against the published
 357 s / 108 s; update/log-prob 2.5 matches 270 s / 108 s. Checked in tests/test_sim_latency.py.
 
+Long-tail consolidation (PlexRL only; the paper's small data-parallel size for long-tail shards,
+as RLHFuse migrates the tail): once at most `tail_capacity` responses are still decoding, the
+survivors move to one worker, re-prefill their prompt and tokens so far there, and finish at a
+batch that keeps each decode step within `TAIL_STEP_GROWTH` of a lone sequence's; the job's
+other workers are free for other jobs instead of idling through the tail. The cut is a fixed
+decode step `K` for every replica (a synchronous hand-off), so the main shards end together.
+
 State sizes per worker: sampler = bf16 weights (2 B/param) of each replica plus a KV reserve;
 trainer = full training state (16 B/param: bf16 weights and grads, fp32 master and Adam moments)
 sharded over all the job's workers (ZeRO-3).
@@ -38,6 +45,7 @@ DECODE_SEQ_FACTOR = 2.5  # attention + KV reads + sampling on top of the matmul 
 UPDATE_VS_FORWARD = 2.5  # forward+backward+optimizer / forward (published 7B breakdown: 270 s / 108 s)
 # Published weight-sync times (params in billions -> seconds): 7B 0.1 s, 30B 4-16 s, 235B 24-59 s.
 WEIGHT_SYNC_POINTS = ((7.0, 0.1), (30.0, 8.0), (235.0, 40.0))
+TAIL_STEP_GROWTH = 0.25  # a tail replica's batch may make a decode step at most 25% slower than t0
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class JobCosts:
     forward_token_s: float
     update_token_s: float
     weight_sync_s: float
+    prefill_token_s: float  # one replica's prompt processing per token (tail re-prefill)
     sampler_bytes: int  # weights + KV reserve
     ref_bytes: int  # weights only
     trainer_bytes: int
@@ -56,6 +65,11 @@ class JobCosts:
 
     def decode_s(self, longest: float, total: float) -> float:
         return self.decode_step_s * longest + self.decode_seq_s * total
+
+    @property
+    def tail_batch(self) -> int:
+        """Sequences one tail replica decodes while a step costs at most (1 + growth) * t0."""
+        return max(1, int(TAIL_STEP_GROWTH * self.decode_step_s / self.decode_seq_s))
 
 
 def weight_sync_s(params_b: float) -> float:
@@ -82,6 +96,7 @@ def job_costs(job: Job, cluster: Cluster, train_workers: int | None = None) -> J
         decode_step_s=weights / (dev.hbm_tb_s * 1e12 * job.tp),
         decode_seq_s=DECODE_SEQ_FACTOR * replica_token_s,
         forward_token_s=forward_token_s,
+        prefill_token_s=replica_token_s,
         update_token_s=UPDATE_VS_FORWARD * forward_token_s,
         weight_sync_s=job.weight_sync_s if job.weight_sync_s is not None else weight_sync_s(job.params_b),
         sampler_bytes=weights * (wg // job.tp) + int(job.kv_cache_fraction * worker_bytes),
@@ -113,3 +128,27 @@ def decode_shards(costs: JobCosts, lengths: np.ndarray, workers: int, replicas_p
     total[: len(rest)] += rest
     per_replica = costs.decode_step_s * longest + costs.decode_seq_s * total
     return tuple(per_replica.reshape(workers, replicas_per_worker).max(axis=1).tolist())
+
+
+def tail_cut(lengths: np.ndarray, capacity: int) -> float | None:
+    """The decode step `K` after which at most `capacity` responses are still running (those
+    longer than K), or None when all of them fit the tail already (nothing to consolidate)."""
+    if len(lengths) <= capacity:
+        return None
+    return float(np.partition(lengths, len(lengths) - capacity - 1)[len(lengths) - capacity - 1])
+
+
+def consolidated_shards(
+    costs: JobCosts, lengths: np.ndarray, workers: int, replicas_per_worker: int, prompt_tokens: int
+) -> tuple[tuple[float, ...], float] | None:
+    """(main seconds per worker, tail seconds on one worker) with the long tail consolidated,
+    or None when consolidation frees nothing (one worker, or a rollout that fits the tail)."""
+    capacity = costs.tail_batch * replicas_per_worker
+    cut = tail_cut(lengths, capacity) if workers > 1 else None
+    if cut is None or cut <= 0:
+        return None
+    main = decode_shards(costs, np.minimum(lengths, cut), workers, replicas_per_worker)
+    rest = lengths[lengths > cut] - cut
+    reprefill = costs.prefill_token_s * (prompt_tokens + cut) * len(rest) / replicas_per_worker
+    tail = max(decode_shards(costs, rest, 1, replicas_per_worker)) + reprefill
+    return main, tail

@@ -9,7 +9,9 @@ A step of GRPO/DAPO, as its controller issues it:
 Old log-probs run on the trainer state, as verl's actor computes them; the sampler state is
 only used for generation, so split mode can keep it alone on the rollout pool.
 Device phases carry one duration per shard (one shard per worker: the call of that worker);
-the phase ends when every shard has finished. Idle phases carry one duration.
+the phase ends when every shard has finished. Idle phases carry one duration. With the long
+tail consolidated (PlexRL), each sample phase is followed by a `sample_tail` phase of a single
+shard, run by one of the sampler's workers (`latency.consolidated_shards`).
 
 Invariant: the draws depend only on (seed, job index) and the step order, never on the mode
 simulated, so colocated, split and PlexRL runs see the same response lengths and tool waits.
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plexrl.sim.latency import JobCosts, decode_shards, sample_lengths
+from plexrl.sim.latency import JobCosts, consolidated_shards, decode_shards, sample_lengths
 from plexrl.sim.workload import Job
 
 SAMPLER, REF, TRAINER = "sampler", "ref", "trainer"
@@ -45,18 +47,25 @@ def job_rng(seed: int, job_index: int) -> np.random.Generator:
 
 
 def plan_step(
-    job: Job, costs: JobCosts, rng: np.random.Generator, rollout_shards: int, train_shards: int, replicas_per_worker: int
+    job: Job,
+    costs: JobCosts,
+    rng: np.random.Generator,
+    rollout_shards: int,
+    train_shards: int,
+    replicas_per_worker: int,
+    consolidate_tail: bool = False,
 ) -> list[Phase]:
     """The phases of one step; `rollout_shards` workers sample, `train_shards` workers train."""
     r = job.rollout
     phases: list[Phase] = []
     lengths = sample_lengths(r, r.responses, rng)
     tool_waits = rng.lognormal(0.0, 0.25, size=r.turns) * r.tool_s
-    phases += _rollout(costs, lengths, r.turns, tool_waits, rollout_shards, replicas_per_worker)
+    shape = (costs, rollout_shards, replicas_per_worker, r.prompt_tokens if consolidate_tail else None)
+    phases += _rollout(lengths, r.turns, tool_waits, *shape)
     tokens = float(lengths.sum()) + r.responses * r.prompt_tokens
     if r.refill_fraction > 0:
         refill = sample_lengths(r, max(1, round(r.refill_fraction * r.responses)), rng)
-        phases += _rollout(costs, refill, 1, tool_waits[:0], rollout_shards, replicas_per_worker)
+        phases += _rollout(refill, 1, tool_waits[:0], *shape)
     phases.append(Phase("reward", None, idle_s=job.reward_s * float(rng.lognormal(0.0, 0.1))))
     per_shard = tokens / train_shards
     phases.append(Phase("logprobs", TRAINER, (costs.forward_token_s * per_shard,) * train_shards))
@@ -68,12 +77,26 @@ def plan_step(
 
 
 def _rollout(
-    costs: JobCosts, lengths: np.ndarray, turns: int, tool_waits: np.ndarray, shards: int, replicas_per_worker: int
+    lengths: np.ndarray,
+    turns: int,
+    tool_waits: np.ndarray,
+    costs: JobCosts,
+    shards: int,
+    replicas_per_worker: int,
+    tail_prompt_tokens: int | None,
 ) -> list[Phase]:
-    per_turn = decode_shards(costs, lengths / turns, shards, replicas_per_worker)
+    """`turns` sample phases; `tail_prompt_tokens` set means consolidate each turn's long tail
+    (its tail re-prefills that many prompt tokens per response on top of the decoded ones)."""
+    per_turn = lengths / turns
+    split = None
+    if tail_prompt_tokens is not None:
+        split = consolidated_shards(costs, per_turn, shards, replicas_per_worker, tail_prompt_tokens)
+    turn_phases = [Phase("sample", SAMPLER, decode_shards(costs, per_turn, shards, replicas_per_worker))]
+    if split is not None:
+        turn_phases = [Phase("sample", SAMPLER, split[0]), Phase("sample_tail", SAMPLER, (split[1],))]
     phases = []
     for turn in range(turns):
-        phases.append(Phase("sample", SAMPLER, per_turn))
+        phases += turn_phases
         if turn + 1 < turns:
             phases.append(Phase("tools", None, idle_s=float(tool_waits[turn])))
     return phases

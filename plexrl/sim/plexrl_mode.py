@@ -6,7 +6,9 @@ retries waiting jobs whenever a job ends. The placer's *devices* are our workers
 `worker_gpus` GPUs) and its node groups are the cluster's. A job's state shards stay on the
 workers it was placed on (affinity: no migration). A placement's phase shift delays the job's
 first step by that much. Requests are scheduled per worker by the request policy, and a job is
-charged what it consumed: execution plus the switch-in its dispatches caused.
+charged what it consumed: execution plus the switch-in its dispatches caused. Each rollout's
+long tail is consolidated onto one worker (`latency.consolidated_shards`), so the job's other
+workers go back to the queue instead of idling through it; `plexrl-wholetail` turns that off.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ def resource_view(cluster: Cluster) -> ResourceView:
 class PlexRLMode(Mode):
     name = "plexrl"
     charges_reserved = False
+    consolidates_tail = True
 
-    def __init__(self, *args, placer: type[Placer] = Placer, **kwargs):
+    def __init__(self, *args, placer: type[Placer] = Placer, consolidate_tail: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        self.consolidates_tail = consolidate_tail
         view = resource_view(self.cluster)
         self.empty_view = resource_view(self.cluster)
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
@@ -51,7 +55,8 @@ class PlexRLMode(Mode):
 
     def _arrive(self, job: SimJob) -> None:
         self.by_name[job.name] = job
-        profile = job_profile(job.spec, job.costs, job.seed, job.index, self.workers_of(job.spec), job.replicas_per_worker)
+        profile = job_profile(job.spec, job.costs, job.seed, job.index, self.workers_of(job.spec), job.replicas_per_worker,
+                              job.consolidate_tail)
         if len(self.empty_view.feasible_groups(profile)) == 0:
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
@@ -80,3 +85,9 @@ def first_fit(workload, cluster, policy) -> PlexRLMode:
     mode.name = "plexrl-firstfit"
     return mode
 
+
+
+def whole_tail(workload, cluster, policy) -> PlexRLMode:
+    mode = PlexRLMode(workload, cluster, policy, consolidate_tail=False)
+    mode.name = "plexrl-wholetail"
+    return mode

@@ -43,8 +43,11 @@ def state_bytes(job: Job, costs: JobCosts) -> dict[str, int]:
     return {s: sizes[s] for s in states_of(job)}
 
 
-def job_profile(job: Job, costs: JobCosts, seed: int, index: int, workers: int, replicas_per_worker: int) -> JobProfile:
-    phases = plan_step(job, costs, job_rng(seed, index), workers, workers, replicas_per_worker)
+def job_profile(
+    job: Job, costs: JobCosts, seed: int, index: int, workers: int, replicas_per_worker: int,
+    consolidate_tail: bool = False,
+) -> JobProfile:
+    phases = plan_step(job, costs, job_rng(seed, index), workers, workers, replicas_per_worker, consolidate_tail)
     demand, period = demand_per_slot(phases)
     models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
     return JobProfile(job.name, period, tuple(np.minimum(demand, workers)), workers, models, job.slack)

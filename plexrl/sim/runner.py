@@ -77,6 +77,7 @@ class ModeResult:
 class Mode:
     name = "mode"
     charges_reserved = True  # baselines pay for reserved devices; PlexRL for consumed ones
+    consolidates_tail = False  # a job that owns its devices frees nothing by consolidating
 
     def __init__(self, workload: Workload, cluster: Cluster, policy: Policy = Policy.PLEXRL):
         self.workload, self.cluster, self.policy = workload, cluster, policy
@@ -129,7 +130,7 @@ class Mode:
         for index, spec in enumerate(expand_jobs(self.workload)):
             self.cluster.check_job(spec)
             job = SimJob(spec, index, self.workload.seed, self.costs_for(spec), spec.arrival_s,
-                         self.cluster.worker_gpus // spec.tp)
+                         self.cluster.worker_gpus // spec.tp, consolidate_tail=self.consolidates_tail)
             self.jobs.append(job)
             self.loop.at(spec.arrival_s, self._arrive, job)
         horizon = self.workload.horizon_s or float("inf")

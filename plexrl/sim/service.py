@@ -51,6 +51,7 @@ class SimJob:
     submitted: int = 0
     served: int = 0
     rng: np.random.Generator | None = None
+    consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on one worker
 
     def __post_init__(self) -> None:
         self.rng = job_rng(self.seed, self.index)
@@ -65,7 +66,18 @@ class SimJob:
     def next_phases(self) -> list[Phase]:
         rollout = len(self.workers["sampler"])
         train = len(self.workers["trainer"])
-        return plan_step(self.spec, self.costs, self.rng, rollout, train, self.replicas_per_worker)
+        return plan_step(self.spec, self.costs, self.rng, rollout, train, self.replicas_per_worker,
+                         self.consolidate_tail)
+
+    def shard_workers(self, phase: Phase) -> list[SimWorker]:
+        """The workers a phase's shards run on: all of its state's workers, or for a phase of
+        fewer shards (a consolidated tail), a window rotating with the step to spread the load."""
+        workers = self.workers[phase.state]
+        k = len(phase.shard_s)
+        if k == len(workers):
+            return workers
+        first = (self.step + self.phase_i) % len(workers)
+        return (workers[first:] + workers[:first])[:k]
 
 
 class Service:
@@ -101,7 +113,7 @@ class Service:
                     return
                 continue
             sid = job.state_id(phase.state)
-            workers = job.workers[phase.state]
+            workers = job.shard_workers(phase)
             job.outstanding = len(workers)
             for worker, exec_s in zip(workers, phase.shard_s, strict=True):
                 self._submit(worker, Request(job.name, sid, phase.fn, exec_s, now, worker.gpus))

@@ -1,0 +1,111 @@
+"""Long-tail consolidation: the cut, the decoded work it conserves, a step-by-step reference for
+the main and tail shards, and a timeline where the freed worker serves another job."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plexrl.policy import Policy
+from plexrl.sim.engine import EventLoop
+from plexrl.sim.latency import consolidated_shards, job_costs, tail_cut
+from plexrl.sim.phases import Phase, job_rng, plan_step, solo_step_s
+from plexrl.sim.service import Service
+from plexrl.sim.worker import SimWorker
+from plexrl.sim.workload import Job, load_cluster
+
+from test_sim_latency import decode_reference
+from test_sim_timeline import ScriptedJob
+
+COSTS = job_costs(Job(name="j", params_b=30, active_params_b=3, tp=2, dp=8), load_cluster("h200-256"))
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.lists(st.integers(1, 500), min_size=1, max_size=60), capacity=st.integers(1, 20))
+def test_cut_leaves_at_most_capacity_running(lengths, capacity):
+    arr = np.array(lengths, dtype=float)
+    cut = tail_cut(arr, capacity)
+    if len(arr) <= capacity:
+        assert cut is None
+        return
+    assert np.sum(arr > cut) <= capacity, "the tail holds at most `capacity` responses"
+    assert np.sum(arr >= cut) > capacity, "and the cut is as late as possible"
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 80), min_size=2, max_size=400), workers=st.integers(2, 4))
+def test_consolidated_shards_match_step_by_step_reference(lengths, workers):
+    """Main shards decode every response up to the cut; the tail decodes the rest on one worker's
+    replicas after re-prefilling prompt + cut tokens per moved response."""
+    costs = COSTS
+    replicas, prompt = 4, 16
+    arr = np.array(lengths, dtype=float)
+    split = consolidated_shards(costs, arr, workers, replicas, prompt)
+    cut = tail_cut(arr, costs.tail_batch * replicas)
+    if cut is None or cut <= 0:
+        assert split is None
+        return
+    main, tail = split
+    clipped = np.minimum(arr, cut)
+    n_rep = workers * replicas
+    n = len(arr) - len(arr) % n_rep
+    per_replica = [list(clipped[:n].reshape(n_rep, -1)[r]) if n else [] for r in range(n_rep)]
+    for r, extra in enumerate(clipped[n:]):
+        per_replica[r].append(extra)
+    ref = [decode_reference(costs.decode_step_s, costs.decode_seq_s, [int(x) for x in p]) if p else 0.0
+           for p in per_replica]
+    assert main == pytest.approx([max(ref[w * replicas:(w + 1) * replicas]) for w in range(workers)], rel=1e-9)
+    rest = arr[arr > cut] - cut
+    blocks = [[] for _ in range(replicas)]
+    m = len(rest) - len(rest) % replicas
+    for r in range(replicas):
+        blocks[r] += list(rest[:m].reshape(replicas, -1)[r]) if m else []
+    for r, extra in enumerate(rest[m:]):
+        blocks[r].append(extra)
+    tail_ref = max(decode_reference(costs.decode_step_s, costs.decode_seq_s, [int(x) for x in b]) if b else 0.0
+                   for b in blocks)
+    prefill = costs.prefill_token_s * (prompt + cut) * len(rest) / replicas
+    assert tail == pytest.approx(tail_ref + prefill, rel=1e-9)
+
+
+def test_one_worker_has_nothing_to_free():
+    lengths = np.arange(1.0, 5000.0)
+    assert consolidated_shards(COSTS, lengths, 1, 4, 512) is None
+
+
+def test_consolidation_saves_worker_time_at_a_small_step_cost():
+    """On the 30B job of paper-mix (2 sampler workers) the plan with the tail consolidated uses
+    fewer worker-seconds, and its solo step is at most a few percent longer."""
+    cluster = load_cluster("h200-256")
+    job = Job(name="code", algorithm="dapo", params_b=30, active_params_b=3, tp=2, dp=8, reward_s=0)
+    costs = job_costs(job, cluster)
+    whole = plan_step(job, costs, job_rng(0, 0), 2, 2, 4, consolidate_tail=False)
+    split = plan_step(job, costs, job_rng(0, 0), 2, 2, 4, consolidate_tail=True)
+    worker_s = lambda phases: sum(sum(p.shard_s) for p in phases if p.state)
+    assert [p.fn for p in split].count("sample_tail") == 1
+    assert worker_s(split) < 0.95 * worker_s(whole)
+    assert solo_step_s(whole) <= solo_step_s(split) <= 1.06 * solo_step_s(whole)
+
+
+def test_freed_worker_serves_another_job_during_the_tail():
+    """A samples 10 s on workers 0 and 1, then its 30 s tail on one of them (step 0, phase 2:
+    worker 0). B's 5 s call arrives on worker 1 at t=12 and runs at once: done at 17, not 40."""
+    loop = EventLoop()
+    service = Service(loop, Policy.PLEXRL, on_job_done=lambda job: None)
+    workers = [SimWorker(wid=i, gpus=8, arena_bytes=400, host_bytes=10**6, link_bytes_per_s=1e9,
+                         disk_bytes_per_s=1e9) for i in range(2)]
+    a = ScriptedJob("A", 0.0, [Phase("sample", "s", (10.0, 10.0)), Phase("sample_tail", "s", (30.0,))])
+    b = ScriptedJob("B", 12.0, [Phase("update", "s", (5.0,))])
+    for w in workers:
+        w.add_state("A/s", "A", 100)
+    workers[1].add_state("B/s", "B", 100)
+    a.workers["s"], b.workers["s"] = workers, [workers[1]]
+    loop.at(0.0, service.start, a)
+    loop.at(12.0, service.start, b)
+    loop.run()
+    assert b.finished == pytest.approx(17.0 + 100 / 1e9)
+    assert a.finished == pytest.approx(40.0 + 100 / 1e9)
+    # A consumed 10 + 10 + 30 worker-seconds of execution, not 2 x 40
+    assert service.ledger.jobs["A"].exec_s == pytest.approx(50.0)
