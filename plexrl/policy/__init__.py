@@ -1,17 +1,33 @@
-"""Pure policy: priority, transition planning, estimates, accounting (and placement).
+"""Pure policy: priority, transition planning, placement, estimates, accounting.
 
 Shared by the real runtime and the simulator. Standard library and numpy only; no I/O, no
 clock, no torch or ray: time is an argument and randomness an injected generator.
 """
 
 from plexrl.policy.accounting import JobUsage, Ledger
+from plexrl.policy.admission import Admission, AdmissionQueue, Waiting
 from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
+from plexrl.policy.horizon import Horizon
+from plexrl.policy.placement import FirstFit, Placement, Placer, Wait, step_inflation
 from plexrl.policy.priority import Policy, ReadyQueue, choose, offload_estimate, priorities
+from plexrl.policy.profile import (
+    JobProfile,
+    ModelMemory,
+    average_demand,
+    drift,
+    drifted,
+    profile_from_events,
+    resample,
+)
+from plexrl.policy.resources import Node, NodeGroup, ResourceView
 from plexrl.policy.transitions import choose_window, plan_host_room, plan_load
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
 __all__ = [
-    "BandwidthEstimator", "ExecEstimator", "Ewma", "JobUsage", "Ledger", "LoadPlan", "NoFit",
-    "Policy", "ReadyQueue", "ResidencyView", "StateInfo", "Tier", "Transition", "TransitionKind",
-    "choose", "choose_window", "offload_estimate", "plan_host_room", "plan_load", "priorities",
+    "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit", "Horizon",
+    "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup", "Placement",
+    "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "Tier", "Transition",
+    "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
+    "offload_estimate", "plan_host_room", "plan_load", "priorities", "profile_from_events", "resample",
+    "step_inflation",
 ]

@@ -201,13 +201,20 @@ class GroupScheduler:
     # -- requests that need no device ------------------------------------------------------------
     def _run_io(self, request: Request) -> None:
         with self._cond:
-            while self.sm.states[request.state_id].busy and not self._closed:
-                self._cond.wait(_RETRY_S)
-            plan = self.sm.prepare(request.state_id, None, request.job)
+            while True:
+                state = self.sm.states[request.state_id]
+                plan = None if state.busy else self.sm.prepare(request.state_id, None, request.job)
+                in_use = any(s.busy for s in self.sm.states.values())
+                if self._closed or not (plan is None or (isinstance(plan, NoFit) and in_use)):
+                    break
+                self._cond.wait(_RETRY_S)  # the state, or the host room it needs, is in use
+        if plan is None:
+            plan = NoFit("the cluster closed while this call waited")
         if isinstance(plan, NoFit):
             self.telemetry.failed(request.job)
             self.complete(request)
-            request.future.set_exception(errors.StateTooLarge(plan.reason))
+            closed = errors.ClusterClosed("the cluster closed before this call ran")
+            request.future.set_exception(closed if self._closed else errors.StateTooLarge(plan.reason))
             return
         self.telemetry.events.emit(self.telemetry.now(), "start", request_id=request.id, job=request.job,
                                    model=request.state_id, fn=request.fn, device=None)
