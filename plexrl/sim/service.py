@@ -129,6 +129,11 @@ class Service:
 
     # --- workers ------------------------------------------------------------------------------
     def _submit(self, worker: SimWorker, req: Request) -> None:
+        if not worker.busy and not len(worker.queue):
+            # fast path: an idle worker with nothing else ready runs the call at once, as every
+            # policy would; the ready queue and its estimates are only built when calls compete
+            self._run(worker, req)
+            return
         sid = req.state_id
         worker.waiting[sid] = req
         resident = worker.wid if worker.states[sid].tier is DEVICE else -1
@@ -143,10 +148,14 @@ class Service:
         n = len(queue)
         if n == 0:
             return
-        now = self.loop.now
-        sid = queue.key_at(0) if n == 1 else choose(self.policy, queue, worker.wid, worker.offload_estimate_s(), now)
+        sid = queue.key_at(0) if n == 1 else choose(self.policy, queue, worker.wid, worker.offload_estimate_s(), self.loop.now)
         queue.remove(sid)
-        req = worker.waiting.pop(sid)
+        self._run(worker, worker.waiting.pop(sid))
+
+    def _run(self, worker: SimWorker, req: Request) -> None:
+        """Make the call's state resident, charge the job, and hold the worker until it ends."""
+        now = self.loop.now
+        sid = req.state_id
         state = worker.states[sid]
         switch_s = 0.0
         if state.tier is not DEVICE:

@@ -38,7 +38,7 @@ class Move:
     seconds: float
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One function call of one job, pinned to one worker (the one holding its state shard)."""
 
