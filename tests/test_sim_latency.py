@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plexrl.sim.latency import decode_shards, job_costs, sample_lengths, weight_sync_s
-from plexrl.sim.phases import job_rng, plan_step
+from plexrl.sim.phases import draw_steps, job_rng, plan_step
 from plexrl.sim.workload import Job, Rollout, load_cluster
 
 
@@ -66,12 +66,13 @@ CALIBRATION = [
 @pytest.mark.parametrize("fn,share,tol", CALIBRATION, ids=[c[0] for c in CALIBRATION])
 def test_qwen7b_on_32_h20_step_breakdown(fn, share, tol):
     """verl, Qwen2.5-7B on 32 H20: 790 s = generation 45%, old log-prob 14%, update 34%.
-    The ref log-prob and reward (not in the published split) are left out of both sides."""
+    The ref log-prob and reward (not in the published split) are left out of both sides; the
+    published figure is a typical step, so we compare the mean over the first 20 steps."""
     cluster = load_cluster("h20-32")
     job = Job(name="q7b", params_b=7, tp=1, dp=32, reward_s=0, algorithm="dapo")
     costs = job_costs(job, cluster)
-    phases = plan_step(job, costs, job_rng(0, 0), 4, 4, 8)
-    seconds = {p.fn: max(p.shard_s) for p in phases if p.state}
+    steps = [plan_step(job, costs, draws, 4, 4, 8) for draws in draw_steps(job, job_rng(0, 0))]
+    seconds = {fn: np.mean([max(p.shard_s) for ph in steps for p in ph if p.fn == fn]) for fn in ("sample", "logprobs", "update")}
     total = seconds["sample"] + seconds["logprobs"] + seconds["update"]
     assert seconds[fn] / total == pytest.approx(share / ((357 + 108 + 270) / 790), abs=tol)
     assert total == pytest.approx(357 + 108 + 270, rel=0.15), seconds

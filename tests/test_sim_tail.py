@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.latency import consolidated_shards, job_costs, tail_cut
-from plexrl.sim.phases import Phase, job_rng, plan_step, solo_step_s
+from plexrl.sim.phases import Phase, first_step, plan_step, solo_step_s
 from plexrl.sim.service import Service
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import Job, load_cluster
@@ -81,8 +81,8 @@ def test_consolidation_saves_worker_time_at_a_small_step_cost():
     cluster = load_cluster("h200-256")
     job = Job(name="code", algorithm="dapo", params_b=30, active_params_b=3, tp=2, dp=8, reward_s=0)
     costs = job_costs(job, cluster)
-    whole = plan_step(job, costs, job_rng(0, 0), 2, 2, 4, consolidate_tail=False)
-    split = plan_step(job, costs, job_rng(0, 0), 2, 2, 4, consolidate_tail=True)
+    whole = plan_step(job, costs, first_step(job, 0, 0), 2, 2, 4, consolidate_tail=False)
+    split = plan_step(job, costs, first_step(job, 0, 0), 2, 2, 4, consolidate_tail=True)
     worker_s = lambda phases: sum(sum(p.shard_s) for p in phases if p.state)
     assert [p.fn for p in split].count("sample_tail") == 1
     assert worker_s(split) < 0.95 * worker_s(whole)

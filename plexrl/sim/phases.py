@@ -15,7 +15,9 @@ shard, run by one of the sampler's workers (`latency.consolidated_shards`).
 
 Invariant: the draws depend only on (seed, job index) and the step order, never on the mode
 simulated, so colocated, split and PlexRL runs see the same response lengths and tool waits.
-Each job draws from its own generator (`job_rng`), one step after the other.
+Each job draws from its own generator (`job_rng`) in blocks of `draw_block(job)` steps, one
+numpy call per quantity per block (the block size depends only on the job, so every mode and
+the placer's profile see the same stream).
 """
 
 from __future__ import annotations
@@ -42,14 +44,50 @@ def states_of(job: Job) -> tuple[str, ...]:
     return (SAMPLER, REF, TRAINER) if job.algorithm == "grpo" else (SAMPLER, TRAINER)
 
 
+DRAW_BLOCK = 32  # steps drawn per numpy call: amortises the per-call overhead of the samplers
+
+
 def job_rng(seed: int, job_index: int) -> np.random.Generator:
     return np.random.default_rng((seed, job_index))
+
+
+@dataclass(frozen=True)
+class StepDraws:
+    """Every random quantity of one step."""
+
+    lengths: np.ndarray  # response lengths, tokens
+    tool_waits: np.ndarray  # one per turn, seconds
+    refill: np.ndarray | None  # DAPO refill response lengths
+    reward_factor: float  # multiplies the job's reward_s
+
+
+def draw_block(job: Job) -> int:
+    return min(DRAW_BLOCK, job.steps)
+
+
+def draw_steps(job: Job, rng: np.random.Generator) -> list[StepDraws]:
+    """The draws of the job's next `draw_block(job)` steps."""
+    r, k = job.rollout, draw_block(job)
+    lengths = sample_lengths(r, k * r.responses, rng).reshape(k, r.responses)
+    tools = rng.lognormal(0.0, 0.25, size=(k, r.turns)) * r.tool_s
+    refills = None
+    if r.refill_fraction > 0:
+        m = max(1, round(r.refill_fraction * r.responses))
+        refills = sample_lengths(r, k * m, rng).reshape(k, m)
+    reward = rng.lognormal(0.0, 0.1, size=k)
+    return [
+        StepDraws(lengths[i], tools[i], None if refills is None else refills[i], float(reward[i])) for i in range(k)
+    ]
+
+
+def first_step(job: Job, seed: int, job_index: int) -> StepDraws:
+    return draw_steps(job, job_rng(seed, job_index))[0]
 
 
 def plan_step(
     job: Job,
     costs: JobCosts,
-    rng: np.random.Generator,
+    draws: StepDraws,
     rollout_shards: int,
     train_shards: int,
     replicas_per_worker: int,
@@ -58,15 +96,13 @@ def plan_step(
     """The phases of one step; `rollout_shards` workers sample, `train_shards` workers train."""
     r = job.rollout
     phases: list[Phase] = []
-    lengths = sample_lengths(r, r.responses, rng)
-    tool_waits = rng.lognormal(0.0, 0.25, size=r.turns) * r.tool_s
+    lengths, tool_waits = draws.lengths, draws.tool_waits
     shape = (costs, rollout_shards, replicas_per_worker, r.prompt_tokens if consolidate_tail else None)
     phases += _rollout(lengths, r.turns, tool_waits, *shape)
     tokens = float(lengths.sum()) + r.responses * r.prompt_tokens
-    if r.refill_fraction > 0:
-        refill = sample_lengths(r, max(1, round(r.refill_fraction * r.responses)), rng)
-        phases += _rollout(refill, 1, tool_waits[:0], *shape)
-    phases.append(Phase("reward", None, idle_s=job.reward_s * float(rng.lognormal(0.0, 0.1))))
+    if draws.refill is not None:
+        phases += _rollout(draws.refill, 1, tool_waits[:0], *shape)
+    phases.append(Phase("reward", None, idle_s=job.reward_s * draws.reward_factor))
     per_shard = tokens / train_shards
     phases.append(Phase("logprobs", TRAINER, (costs.forward_token_s * per_shard,) * train_shards))
     if job.algorithm == "grpo":

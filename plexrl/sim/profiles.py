@@ -11,7 +11,7 @@ import numpy as np
 
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.sim.latency import JobCosts
-from plexrl.sim.phases import Phase, job_rng, plan_step, states_of
+from plexrl.sim.phases import Phase, first_step, plan_step, states_of
 from plexrl.sim.workload import Job
 
 SLOTS = 64
@@ -47,7 +47,7 @@ def job_profile(
     job: Job, costs: JobCosts, seed: int, index: int, workers: int, replicas_per_worker: int,
     consolidate_tail: bool = False,
 ) -> JobProfile:
-    phases = plan_step(job, costs, job_rng(seed, index), workers, workers, replicas_per_worker, consolidate_tail)
+    phases = plan_step(job, costs, first_step(job, seed, index), workers, workers, replicas_per_worker, consolidate_tail)
     demand, period = demand_per_slot(phases)
     models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
     return JobProfile(job.name, period, tuple(np.minimum(demand, workers)), workers, models, job.slack)

@@ -24,7 +24,7 @@ from plexrl.sim.engine import EventLoop
 from plexrl.sim.latency import JobCosts
 import numpy as np
 
-from plexrl.sim.phases import Phase, job_rng, plan_step
+from plexrl.sim.phases import Phase, StepDraws, draw_steps, job_rng, plan_step
 from plexrl.sim.worker import Request, SimWorker
 from plexrl.sim.workload import Job
 
@@ -52,6 +52,7 @@ class SimJob:
     served: int = 0
     rng: np.random.Generator | None = None
     consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on one worker
+    draws: list[StepDraws] = field(default_factory=list)  # the next steps' draws, last step first
 
     def __post_init__(self) -> None:
         self.rng = job_rng(self.seed, self.index)
@@ -66,7 +67,9 @@ class SimJob:
     def next_phases(self) -> list[Phase]:
         rollout = len(self.workers["sampler"])
         train = len(self.workers["trainer"])
-        return plan_step(self.spec, self.costs, self.rng, rollout, train, self.replicas_per_worker,
+        if not self.draws:
+            self.draws = draw_steps(self.spec, self.rng)[::-1]
+        return plan_step(self.spec, self.costs, self.draws.pop(), rollout, train, self.replicas_per_worker,
                          self.consolidate_tail)
 
     def shard_workers(self, phase: Phase) -> list[SimWorker]:
