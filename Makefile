@@ -23,12 +23,15 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/plexrl demo
 
+# pytest exits 5 when it collected nothing: that is a failure, not a pass.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$status
 
 bench: install
 	$(BIN)/plexrl bench switch
 	$(BIN)/plexrl bench dispatch
+	$(BIN)/plexrl bench placement
 
 clean:
 	rm -rf $(VENV) plexrl-demo .pytest_cache
