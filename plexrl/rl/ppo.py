@@ -36,7 +36,7 @@ class PPO:
         value_targets = [value_datum(e, returns) for e, (_, returns) in zip(episodes, estimates)]
         critic_update = submit_update(self.critic, value_targets, spec.critic_learning_rate, "value_mse")
         metrics = self.job.update([policy_datum(e, scale * a) for e, a in zip(episodes, advantages)])
-        metrics["value_loss"] = collect(critic_update).get("loss", float("nan"))
+        metrics["value_loss"] = collect(critic_update)["loss:sum"]
         return StepStats(float(np.mean([e.reward for e in episodes])), metrics)
 
     def values(self, episodes: list[Episode]) -> list[np.ndarray]:

@@ -69,12 +69,15 @@ def describe_errors(error: ValidationError, where: str = "") -> list[str]:
     return [_describe(problem, where) for problem in error.errors()]
 
 
-_PHRASES = (("Input should be ", ""), ("String should ", "a string that should "),
+_PHRASES = (("Input should be ", ""), ("String should ", "a string that should "), ("List should have ", "a list with "),
             ("Input should ", ""), ("Value error, ", ""))
 
 
 def _describe(problem: dict, where: str) -> str:
-    path = ".".join([where] * bool(where) + [str(part) for part in problem["loc"]]) or "(top level)"
+    path = where
+    for part in problem["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    path = path or "(top level)"
     message = problem["msg"]
     for phrase, replacement in _PHRASES:
         message = message.replace(phrase, replacement, 1) if message.startswith(phrase) else message
