@@ -64,7 +64,6 @@ class GroupScheduler:
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix=f"plexrl-io-g{group}")
         self._closed = False
         self._retiring: dict[str, Callable[[], None]] = {}
-        self.in_flight = 0
 
     def pending(self, state_id: str) -> int:
         return len(self._fifos.get(state_id, ()))
@@ -90,7 +89,6 @@ class GroupScheduler:
             fifo = self._fifos[request.state_id]
             assert fifo[0] is request, "completed a request that was not the head of its model's queue"
             fifo.popleft()
-            self.in_flight -= 1
             if fifo:
                 self._make_ready(fifo[0])
             else:
@@ -113,7 +111,6 @@ class GroupScheduler:
         if self._closed:
             return
         if not request.needs_device:
-            self.in_flight += 1
             self._io.submit(self._run_io, request)
             return
         state = self.sm.states[request.state_id]
@@ -151,20 +148,18 @@ class GroupScheduler:
                 continue
             plan = self.sm.prepare(state_id, device, request.job)
             if isinstance(plan, NoFit):
-                if self._hopeless(device):
+                if self._hopeless():
                     self._ready.remove(state_id)
-                    self.in_flight += 1
                     self._fail_now(request, errors.StateTooLarge(plan.reason))
                 else:
                     self._park(state_id)
                 continue
             self._ready.remove(state_id)
-            self.in_flight += 1
             self._mark_residency(plan)
             return request, plan
         return None
 
-    def _hopeless(self, device: int) -> bool:
+    def _hopeless(self) -> bool:
         """Nothing in transit on the node: waiting cannot make room."""
         return not any(s.busy for s in self.sm.states.values())
 
@@ -192,7 +187,6 @@ class GroupScheduler:
         request.future.set_exception(exc)
         fifo = self._fifos[request.state_id]
         fifo.popleft()
-        self.in_flight -= 1
         if fifo:
             self._make_ready(fifo[0])
         else:
