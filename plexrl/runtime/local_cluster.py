@@ -238,4 +238,10 @@ def _check_positive(**values: int) -> None:
 
 
 def _device_name(torch_device: str, index: int) -> str:
-    return f"cuda:{index}" if torch_device == "cuda" else torch_device
+    """Logical device `index` on a CUDA machine: one arena per logical device, several logical
+    devices may share a GPU (each with its own budget)."""
+    if torch_device != "cuda":
+        return torch_device
+    import torch
+
+    return f"cuda:{index % max(1, torch.cuda.device_count())}"
