@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 @dataclass
 class JobUsage:
     exec_s: float = 0.0
+    exec_wall_s: float = 0.0  # wall time of the same executions (differs on emulated devices)
     switch_s: float = 0.0
     queue_wait_s: float = 0.0
     requests: int = 0
@@ -34,8 +35,9 @@ class Ledger:
     transition_s: float = 0.0
     transitions_by_kind: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
-    def charge_exec(self, job: str, device: int, seconds: float) -> None:
+    def charge_exec(self, job: str, device: int, seconds: float, wall_seconds: float | None = None) -> None:
         self.jobs[job].exec_s += seconds
+        self.jobs[job].exec_wall_s += seconds if wall_seconds is None else wall_seconds
         self.device_busy_s[device] += seconds
 
     def charge_transition(self, job: str, device: int | None, kind: str, nbytes: int, seconds: float) -> None:
@@ -68,6 +70,7 @@ class Ledger:
                 job: {
                     "consumed_device_s": u.consumed_device_s,
                     "exec_s": u.exec_s,
+                    "exec_wall_s": u.exec_wall_s,
                     "switch_s": u.switch_s,
                     "queue_wait_s": u.queue_wait_s,
                     "requests": u.requests,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class Ewma:
     """Exponentially weighted moving average with a prior used until the first sample."""
 

@@ -69,7 +69,8 @@ class LocalCluster:
             sm.pending = group.pending
             self.state_managers.append(sm)
             self.schedulers.append(group)
-            self.workers += [Worker(d, group, sm, self.telemetry, threads_per_device) for d in ids]
+            timing = "wall" if torch_device.startswith("cuda") else "thread_cpu"
+            self.workers += [Worker(d, group, sm, self.telemetry, threads_per_device, timing) for d in ids]
         self.router = Router(self.schedulers)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

@@ -36,10 +36,11 @@ class Telemetry:
             node=node, bytes=moved_bytes, seconds=seconds, state_bytes=state_bytes,
         )
 
-    def executed(self, job: str, model: str, fn: str, device: int | None, seconds: float) -> None:
+    def executed(self, job: str, model: str, fn: str, device: int | None, seconds: float,
+                 wall_seconds: float | None = None) -> None:
         with self._lock:
             if device is not None:
-                self.ledger.charge_exec(job, device, seconds)
+                self.ledger.charge_exec(job, device, seconds, wall_seconds)
             self.exec_estimates.observe(model, fn, seconds)
 
     def waited(self, job: str, seconds: float) -> None:

@@ -1,5 +1,11 @@
 """A worker: one device, one thread. Its loop is the whole story:
 ask the group scheduler for the next request, make its state resident, run the function.
+
+How long a function held the device: on a CUDA device, wall time. On a logical CPU device the
+"device" is emulated on cores shared with every controller and other worker of the process, so
+wall time would charge a job for interpreter-lock waits and other threads' CPU that a real
+device never sees; there the charge is the CPU time of the worker thread (which runs every op
+itself at one intra-op thread per device). Both are in the event log (`wall_s`, `device_s`).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from plexrl.runtime.telemetry import Telemetry
 
 class Worker:
     def __init__(self, device: int, scheduler: GroupScheduler, state_manager: StateManager,
-                 telemetry: Telemetry, threads: int = 1):
+                 telemetry: Telemetry, threads: int = 1, timing: str = "thread_cpu"):
         self.device = device
+        self.timing = timing  # "wall" on CUDA devices, "thread_cpu" on logical CPU devices
         self.scheduler = scheduler
         self.sm = state_manager
         self.telemetry = telemetry
@@ -43,23 +50,26 @@ class Worker:
         self.telemetry.waited(request.job, dispatched - request.arrival_s)
         self._emit(dispatched, "dispatch", request, switch=plan.is_switch)
         self.current = request.state_id
-        result, error = None, None
+        result, error, timing = None, None, {}
         try:
             self.sm.apply(plan, request.job)
             state = self.sm.states[request.state_id]
             assert state.tier is Tier.DEVICE and state.device == self.device, "executing a state that is not resident here"
             self._emit(self.telemetry.now(), "start", request)
-            t0 = time.perf_counter()
+            wall0, cpu0 = time.perf_counter(), time.thread_time()
             result = request.run(state)
             if request.mutates:
                 state.dirty = True
-            self.telemetry.executed(request.job, request.state_id, request.fn, self.device, time.perf_counter() - t0)
+            wall_s = time.perf_counter() - wall0
+            device_s = wall_s if self.timing == "wall" else time.thread_time() - cpu0
+            timing = {"wall_s": wall_s, "device_s": device_s}
+            self.telemetry.executed(request.job, request.state_id, request.fn, self.device, device_s, wall_s)
         except Exception as exc:  # the caller gets it; the worker and other jobs carry on
             error = as_user_error(exc, request)
             self.telemetry.failed(request.job)
         finally:
             self.current = None
-            self._emit(self.telemetry.now(), "end", request, ok=error is None)
+            self._emit(self.telemetry.now(), "end", request, ok=error is None, **timing)
             self.sm.release(plan, self.telemetry.now())
             self.scheduler.complete(request)
         # Resolved last: a caller that sees the result also sees the cluster's bookkeeping done.
