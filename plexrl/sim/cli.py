@@ -1,4 +1,5 @@
-"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b]`.
+"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b]` and
+`plexrl sim calibrate EVENTS.jsonl [--device-bytes N] [--policy P] [--json]`.
 
 WORKLOAD is a YAML path or a shipped name (`paper-mix`, `scale-1024`); the cluster comes from
 the workload's `cluster` field unless `--cluster` overrides it. `--json` prints one JSON object
@@ -16,8 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from plexrl.errors import ConfigError
+from plexrl.policy import Policy
+from plexrl.sim.calibrate import calibrate
 from plexrl.sim.report import plot
 from plexrl.sim.simulate import MODES, simulate
+from plexrl.sim.trace import load_trace
 from plexrl.sim.workload import load_cluster, load_workload
 
 
@@ -32,7 +36,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["calibrate"]:
+        return calibrate_main(argv[1:])
+    args = parse(argv)
     err = Console(stderr=True)
     try:
         workload = load_workload(args.workload)
@@ -73,3 +80,46 @@ def show(doc: dict, console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     console.print(f"{doc['events']:,} events in {doc['wall_s']:.2f} s wall: {doc['events_per_s']:,.0f} events/s")
+
+
+def parse_calibrate(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="plexrl sim calibrate",
+                                description="replay a runtime event log through the simulator and report its error")
+    p.add_argument("events", type=Path, help="events.jsonl written by the runtime (e.g. plexrl demo --out DIR)")
+    p.add_argument("--device-bytes", type=int, help="device budget of the run (default: the peak the log shows)")
+    p.add_argument("--policy", default="plexrl", help="request policy the run used (default plexrl)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return p.parse_args(argv)
+
+
+def calibrate_main(argv: list[str]) -> int:
+    args = parse_calibrate(argv)
+    err = Console(stderr=True)
+    try:
+        doc = calibrate(load_trace(args.events), args.device_bytes, Policy.parse(args.policy))
+    except (ConfigError, ValueError) as exc:
+        err.print(f"[red]plexrl sim calibrate:[/red] {exc}")
+        return 2
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        show_calibration(doc, Console())
+    return 0
+
+
+def show_calibration(doc: dict, console: Console) -> None:
+    for profile in ("profile", "exact"):
+        res = doc[profile]
+        table = Table(title=f"calibration ({profile} times): simulated vs real, target |error| <= {doc['target']:.0%}")
+        for name in ("job", "steps", "step s real", "sim", "error", "device-s real", "sim", "error"):
+            table.add_column(name, justify="right")
+        for job, j in res["jobs"].items():
+            table.add_row(job, str(j["steps"]), f"{j['step_s_real']:.3f}", f"{j['step_s_sim']:.3f}",
+                          f"{j['step_s_error']:+.1%}", f"{j['device_s_real']:.3f}", f"{j['device_s_sim']:.3f}",
+                          f"{j['device_s_error']:+.1%}")
+        console.print(table)
+        verdict = "within target" if res["within_target"] else "OUTSIDE target"
+        console.print(f"max |error| {res['max_abs_error']:.1%}: {verdict}")
+    inferred = " (inferred: peak in the log)" if doc["device_bytes_inferred"] else ""
+    console.print(f"{doc['calls']} calls on {doc['devices']} devices, budget {doc['device_bytes']:,} B{inferred}, "
+                  f"load {doc['load_gb_s']:.2f} GB/s, offload {doc['offload_gb_s']:.2f} GB/s")
