@@ -10,7 +10,7 @@ from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import ColocatedMode
 from plexrl.sim.plexrl_mode import PlexRLMode, first_fit
 from plexrl.sim.report import summarize, utilization_series
-from plexrl.sim.simulate import simulate
+from plexrl.sim.simulate import over_seeds, simulate
 from plexrl.sim.split_mode import SplitMode
 from plexrl.sim.workload import Cluster, Workload
 
@@ -91,3 +91,18 @@ def test_modes_see_the_same_jobs_and_draws(runs):
     """Colocated and PlexRL-alone-on-its-workers see identical step plans (same seed, same dp)."""
     names = {m: [r.name for r in res.records] for m, res in runs.items()}
     assert len({tuple(v) for v in names.values()}) == 1
+
+
+def test_over_seeds_reports_each_seed_and_its_worst():
+    modes = ("colocated", "plexrl")
+    out = over_seeds(workload(seed=3), CLUSTER, 2, modes)
+    assert out["seeds"] == [3, 4]
+    per_seed = [simulate(workload(seed=s), CLUSTER, modes)["results"]["plexrl"] for s in (3, 4)]
+    row = out["modes"]["plexrl"]
+    cuts = [r["cost_reduction_vs_colocated"] for r in per_seed]
+    assert row["cost_reduction_min"] == min(cuts)
+    assert row["cost_reduction_mean"] == pytest.approx(sum(cuts) / 2)
+    assert row["slowdown_mean_max"] == max(r["slowdown_mean"] for r in per_seed)
+    assert row["slowdown_p95_max"] == max(r["slowdown_p95"] for r in per_seed)
+    with pytest.raises(ValueError, match="seeds = 0"):
+        over_seeds(workload(), CLUSTER, 0, modes)

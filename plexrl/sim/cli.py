@@ -1,4 +1,4 @@
-"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b]` and
+"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N]` and
 `plexrl sim calibrate EVENTS.jsonl [--device-bytes N] [--policy P] [--json]`.
 
 WORKLOAD is a YAML path or a shipped name (`paper-mix`, `scale-1024`); the cluster comes from
@@ -20,7 +20,7 @@ from plexrl.errors import ConfigError
 from plexrl.policy import Policy
 from plexrl.sim.calibrate import calibrate
 from plexrl.sim.report import plot
-from plexrl.sim.simulate import MODES, simulate
+from plexrl.sim.simulate import MODES, over_seeds, simulate
 from plexrl.sim.trace import load_trace
 from plexrl.sim.workload import load_cluster, load_workload
 
@@ -32,6 +32,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plots", type=Path, help="write PNG plots into this folder")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="run seeds seed..seed+N-1 and add per-mode mean/worst figures as 'over_seeds' (default 1)")
     return p.parse_args(argv)
 
 
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         cluster = load_cluster(args.cluster or workload.cluster)
         modes = tuple(m for m in args.modes.split(",") if m)
         with err.status("simulating") as status:
-            out = simulate(workload, cluster, modes, on_mode=lambda m: status.update(f"simulating {m}"))
+            seeds = over_seeds(workload, cluster, args.seeds, modes, on_mode=lambda m: status.update(f"simulating {m}"))
+        out = seeds["runs"][0]
     except (ConfigError, ValueError) as exc:
         err.print(f"[red]plexrl sim:[/red] {exc}")
         return 2
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"plots: {', '.join(str(p) for p in paths)}")
     doc = {k: out[k] for k in ("events_per_s", "wall_s", "events")}
     doc.update(workload=workload.name, cluster=cluster.name, gpus=cluster.gpus, results=out["results"])
+    if args.seeds > 1:
+        doc["over_seeds"] = {"seeds": seeds["seeds"], "modes": seeds["modes"]}
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
@@ -80,6 +85,14 @@ def show(doc: dict, console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     console.print(f"{doc['events']:,} events in {doc['wall_s']:.2f} s wall: {doc['events_per_s']:,.0f} events/s")
+    if "over_seeds" in doc:
+        table = Table(title=f"over seeds {doc['over_seeds']['seeds']}")
+        for name in ("mode", "cost cut mean", "min", "slowdown mean", "worst", "worst p95"):
+            table.add_column(name, justify="right")
+        for mode, s in doc["over_seeds"]["modes"].items():
+            table.add_row(mode, *(f"{s[k]:.1%}" for k in ("cost_reduction_mean", "cost_reduction_min",
+                                                          "slowdown_mean_mean", "slowdown_mean_max", "slowdown_p95_max")))
+        console.print(table)
 
 
 def parse_calibrate(argv: list[str]) -> argparse.Namespace:
