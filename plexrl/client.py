@@ -33,20 +33,32 @@ LossFn = str | Callable
 
 
 class ServiceClient:
-    def __init__(self, cluster: "LocalCluster", job: str):
+    def __init__(self, cluster: "LocalCluster", job: str, slack: float = 0.10, admission_timeout: float | None = None):
         self.cluster = cluster
         self.job = job
+        self.slack = slack
+        self.admission_timeout = admission_timeout
 
     def create_training_client(self, base_model: str | Path, seed: int = 0, name: str = "policy") -> "TrainingClient":
         """A trainable, full-parameter model of this job, loaded from a local HF folder."""
-        state = self.cluster.add_model(self.job, name, base_model, trainable=True)
+        state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout)
         return TrainingClient(self.cluster, state, seed)
 
     def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0) -> "SamplingClient":
         """A frozen model (reference, teacher) for sampling and log-probs."""
         name = name or f"frozen:{Path(base_model).name}"
-        state = self.cluster.add_model(self.job, name, base_model, trainable=False)
+        state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout)
         return SamplingClient(self.cluster, state, seed)
+
+    def close(self) -> None:
+        """The job is done: free its states and let waiting jobs in."""
+        self.cluster.finish_job(self.job)
+
+    def __enter__(self) -> "ServiceClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class _ModelClient:

@@ -59,3 +59,9 @@ class UnknownModel(InvalidInput):
 
 class ConfigError(InvalidInput):
     """A cluster or job setting is out of range."""
+
+
+class AdmissionTimeout(PlexRLError):
+    """A job waited for room on the cluster longer than it was willing to."""
+
+    retriable = True

@@ -27,7 +27,7 @@ def noop_overhead_ms(n: int) -> tuple[float, float]:
 
     with LocalCluster(devices=1, device_memory_bytes=1 << 20, host_memory_bytes=1 << 24) as cluster:
         state = ModelState("bench/noop", "bench", "noop", torch.nn.Linear(8, 8), trainable=False, source="synthetic")
-        cluster.router.place("bench")
+        cluster.router.assign("bench", 0)
         cluster.state_managers[0].add(state)
         cluster.router.bind(state.state_id, 0)
         cluster.submit(state, "noop", lambda s: None).result()  # warm: the state is now resident

@@ -32,6 +32,7 @@ First order: it ignores that a stretched phase moves the job's later phases.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,11 +104,14 @@ class Placer:
         if len(groups) == 0:
             return Wait(self.view.shortfall(profile))
         shifts = self._shift_slots(profile)
-        demand = self._shifted_demand(profile, now, shifts)
+        # Jobs start on slot boundaries, so projections line up with the horizon's slots and
+        # complementary jobs can be exactly disjoint; the wait for the boundary is part of the shift.
+        aligned = math.ceil(now / self.horizon.slot_s - 1e-9) * self.horizon.slot_s
+        demand = self._shifted_demand(profile, aligned, shifts)
         carried = self._carried(groups)
         scores = self._scores(groups, demand, carried)
         g, k = self._pick(scores, carried)
-        return self._judge(profile, int(groups[g]), int(shifts[k]), float(scores[g, k]), demand[k])
+        return self._judge(profile, int(groups[g]), int(shifts[k]), float(scores[g, k]), demand[k], aligned - now)
 
     def commit(self, profile: JobProfile, placement: Placement, now: float) -> None:
         if len(placement.devices) != profile.devices:
@@ -238,7 +242,8 @@ class Placer:
         best = np.lexsort((shifts, rows, -carried[rows]))[0]
         return int(rows[best]), int(shifts[best])
 
-    def _judge(self, profile: JobProfile, group: int, shift: int, score: float, demand: np.ndarray) -> Placement | Wait:
+    def _judge(self, profile: JobProfile, group: int, shift: int, score: float, demand: np.ndarray,
+               align_s: float = 0.0) -> Placement | Wait:
         h = self.horizon
         inflation = step_inflation(h.load[group], demand, self.view.capacity[group])
         name = self.view.groups[group].name
@@ -257,7 +262,7 @@ class Placer:
                 f"{shift * h.slot_s:g} s) projects {score:.1f} device-s of overload over the horizon"
             )
         devices = self.view.choose_devices(group, profile)
-        return Placement(name, shift * h.slot_s, score, devices, inflation)
+        return Placement(name, shift * h.slot_s + align_s, score, devices, inflation)
 
     def _hurt_tenant(self, group: int, demand: np.ndarray) -> tuple[str, float, float] | None:
         """The first job already on `group` that the newcomer's `demand` (ring order) would push

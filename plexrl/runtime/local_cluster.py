@@ -1,8 +1,14 @@
 """The local engine: every component in one process, one worker thread per device (DESIGN §8).
 
-    LocalCluster ─ Router ─┬─ GroupScheduler (node 0) ─ Worker per device
+    LocalCluster ─ JobPlacer (Placer + AdmissionQueue: which node group, which phase shift)
+                 └ Router ─┬─ GroupScheduler (node 0) ─ Worker per device
                            │        └─ StateManager (node 0): arenas, host buffers, spill files
                            └─ GroupScheduler (node 1) ...
+
+Each node is one node group. Every job is placed by the Placer before its first state is
+created (see job_placer.py: with its own profile, or provisionally and then re-placed from its
+measured profile); its states stay on its group's devices and node until a re-placement
+migrates them (a spill on the old node and a restore on the new one).
 
 Devices are CUDA devices when `torch_device="cuda"` (arenas in device memory, pinned host
 buffers), else logical devices whose arenas live in host memory and make the budget real.
@@ -13,15 +19,17 @@ from __future__ import annotations
 import itertools
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from plexrl import errors
 from plexrl.client import ServiceClient
-from plexrl.policy import Policy, Tier
+from plexrl.policy import JobProfile, ModelMemory, Policy, ResourceView, Tier
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.events import EventLog
 from plexrl.runtime.futures import APIFuture
+from plexrl.runtime.job_placer import JobPlacer, provisional_profile
 from plexrl.runtime.router import Router
 from plexrl.runtime.scheduler import GroupScheduler, Request
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
@@ -40,12 +48,25 @@ class LocalCluster:
         host_memory_bytes: int = 2048 * MiB,
         policy: str | Policy = "plexrl",
         nodes: int = 1,
+        devices_per_node: int | None = None,
+        placement: str = "phase-shift",
+        slot_s: float = 0.05,
+        horizon_slots: int = 1024,
+        profile_steps: int = 3,
         threads_per_device: int = 1,
         workdir: str | Path | None = None,
         event_log: str | Path | None = None,
         torch_device: str = "cpu",
     ):
         self.policy = _checked_policy(policy)
+        if devices_per_node is not None:
+            _check_positive(devices_per_node=devices_per_node)
+            devices = nodes * devices_per_node
+        if placement not in ("phase-shift", "first-fit"):
+            raise errors.ConfigError(f"placement={placement!r}; expected 'phase-shift' or 'first-fit'")
+        if not slot_s > 0:
+            raise errors.ConfigError(f"slot_s={slot_s!r}; expected a positive number of seconds")
+        _check_positive(horizon_slots=horizon_slots, profile_steps=profile_steps)
         _check_positive(devices=devices, nodes=nodes, device_memory_bytes=device_memory_bytes,
                         host_memory_bytes=host_memory_bytes, threads_per_device=threads_per_device)
         if devices % nodes:
@@ -72,6 +93,12 @@ class LocalCluster:
             timing = "wall" if torch_device.startswith("cuda") else "thread_cpu"
             self.workers += [Worker(d, group, sm, self.telemetry, threads_per_device, timing) for d in ids]
         self.router = Router(self.schedulers)
+        view = ResourceView.uniform(pods=1, groups_per_pod=nodes, nodes_per_group=1, devices_per_node=per_node,
+                                    device_bytes=device_memory_bytes, host_bytes=host_memory_bytes)
+        self.placer = JobPlacer(view, horizon_slots, slot_s, placement == "first-fit", profile_steps)
+        self.migrations = 0
+        self.telemetry.events.emit(0.0, "cluster", devices=devices, nodes=nodes, device_memory_bytes=device_memory_bytes,
+                                   host_memory_bytes=host_memory_bytes, policy=self.policy.value, placement=placement)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
@@ -79,18 +106,44 @@ class LocalCluster:
             worker.start()
 
     # -- the job-facing entry point ---------------------------------------------------------------
-    def service_client(self, job: str) -> ServiceClient:
+    def service_client(self, job: str, profile: JobProfile | None = None, slack: float = 0.10,
+                       admission_timeout: float | None = None) -> ServiceClient:
+        """A job's handle. With a `profile` the job is placed now (waiting for room if the placer
+        says so, up to `admission_timeout` s, then starting after its phase shift); without one
+        it is placed provisionally when its first model is created."""
         if not job or not isinstance(job, str):
             raise errors.InvalidInput(f"job={job!r}; expected a non-empty name")
+        if not (isinstance(slack, (int, float)) and slack >= 0):
+            raise errors.InvalidInput(f"slack={slack!r}; expected a fraction of a step >= 0, e.g. 0.1")
         self._check_open()
-        return ServiceClient(self, job)
+        if profile is not None:
+            if profile.job != job:
+                raise errors.InvalidInput(f"profile is for job {profile.job!r}, not {job!r}")
+            self._admit(profile, slack, provisional=False, timeout=admission_timeout)
+        return ServiceClient(self, job, slack, admission_timeout)
+
+    def _admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> int:
+        decided = self.telemetry.now()
+        placement = self.placer.admit(profile, slack, provisional, self.telemetry.now, timeout)
+        group = self.placer.group_index(placement)
+        self.router.assign(profile.job, group)
+        self.telemetry.events.emit(self.telemetry.now(), "placement", job=profile.job, group=group,
+                                   phase_shift_s=placement.phase_shift_s, score=placement.score,
+                                   provisional=provisional, waited_s=self.telemetry.now() - decided)
+        _sleep_until(self.telemetry, decided + placement.phase_shift_s)  # the job starts shifted
+        return group
 
     # -- what clients call -------------------------------------------------------------------------
-    def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool) -> ModelState:
+    def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
+                  slack: float = 0.10, admission_timeout: float | None = None) -> ModelState:
         self._check_open()
         module = load_module(base_model)
         state = ModelState(f"{job}/{name}", job, name, module, trainable, str(base_model))
-        group = self.router.place(job)
+        self.state_managers[0].check_fits(state)  # every node has the same budgets
+        group = self.router.placement(job)
+        if group is None:
+            memory = [ModelMemory(name, state.device_bytes, state.host_bytes)]
+            group = self._admit(provisional_profile(job, memory, self.placer.slot_s), slack, True, admission_timeout)
         self.state_managers[group].add(state)
         self.router.bind(state.state_id, group)
         return state
@@ -173,8 +226,54 @@ class LocalCluster:
 
     # -- observability --------------------------------------------------------------------------------
     def report_step(self, job: str, step: int, **fields) -> None:
-        """Mark a job's step boundary in the event log (used for profiling its demand)."""
-        self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
+        """Mark a job's step boundary. The job's demand is profiled from these marks; when it
+        must move, the migration happens here, between its steps (the call then returns after
+        the new placement's phase shift)."""
+        now = self.telemetry.now()
+        self.telemetry.events.emit(now, "step", job=job, step=step, **fields)
+        decision = self.placer.on_step(job, self.events(), self._memory_of(job), now)
+        if decision is None:
+            return
+        group = self.placer.group_index(decision)
+        if group != self.router.placement(job):
+            self.migrate(job, group)
+            _sleep_until(self.telemetry, now + decision.phase_shift_s)
+
+    def _memory_of(self, job: str) -> list[ModelMemory]:
+        out = []
+        for sm in self.state_managers:
+            with sm.lock:
+                out += [ModelMemory(s.name, s.device_bytes, s.host_bytes) for s in sm.states.values() if s.job == job]
+        return out
+
+    def migrate(self, job: str, group: int) -> None:
+        """Move every state of `job` to node group `group`: spill on the old node once idle,
+        restore on the new one at first use. Counted in metrics()["migrations"]."""
+        old = self.router.placement(job)
+        if old is None or old == group:
+            return
+        source, target = self.state_managers[old], self.state_managers[group]
+        moved = [sid for sid, s in list(source.states.items()) if s.job == job]
+        for sid in moved:
+            target.adopt(source.evict(sid, job))
+            self.router.bind(sid, group)
+        self.router.assign(job, group)
+        self.migrations += 1
+        self.telemetry.events.emit(self.telemetry.now(), "migration", job=job, source=old, target=group, states=moved)
+
+    def finish_job(self, job: str) -> None:
+        """The job is done: its states are freed and waiting jobs may be admitted."""
+        group = self.router.placement(job)
+        if group is not None:
+            sm = self.state_managers[group]
+            for sid in [sid for sid, s in list(sm.states.items()) if s.job == job]:
+                with sm.changed:
+                    while sm.states[sid].busy or sm.pending(sid):
+                        sm.changed.wait(0.01)
+                    sm.remove(sid)
+                self.router.unbind(sid)
+            self.router.forget(job)
+        self.placer.finish(job, self.telemetry.now())
 
     def events(self) -> list[dict]:
         return self.telemetry.events.snapshot()
@@ -196,9 +295,15 @@ class LocalCluster:
         out["devices"] = self.devices
         out["uptime_s"] = self.telemetry.now()
         out["residency"] = self.residency()
+        out["migrations"] = self.migrations
+        placements = self.placer.summary()
         for job, usage in out["jobs"].items():
-            group = self.router.placement(job)
-            usage["placement"] = {"group": group, "node": group}
+            placed = placements.get(job, {})
+            usage["placement"] = {**placed, "node": placed.get("group")}
+            usage["phase_shift_s"] = placed.get("phase_shift_s")
+            usage["queueing_delay_s"] = placed.get("queueing_delay_s", 0.0)
+        out["placement"] = placements
+        out["admission"] = {job: p for job, p in placements.items() if p["group"] is None}
         return out
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -223,6 +328,12 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sleep_until(telemetry: Telemetry, t: float) -> None:
+    delay = t - telemetry.now()
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _checked_policy(policy: str | Policy) -> Policy:

@@ -1,7 +1,7 @@
 """The router: maps each model state to the worker group holding it and forwards requests there.
 
-Stateless apart from the placement table it is given; a state never leaves its group (affinity).
-Until the Placer decides (issue 4), a new job goes to the group with the fewest jobs, then bytes.
+Stateless apart from the placement table it is given (decisions come from the Placer); a state
+never leaves its group (affinity) unless a migration re-binds it.
 """
 
 from __future__ import annotations
@@ -21,16 +21,13 @@ class Router:
         self._versions: dict[tuple[str, str], int] = defaultdict(int)
         self._lock = threading.Lock()
 
-    def place(self, job: str) -> int:
+    def assign(self, job: str, group: int) -> None:
         with self._lock:
-            if job not in self._job_group:
-                self._job_group[job] = min(range(len(self.groups)), key=self._group_bytes)
-            return self._job_group[job]
+            self._job_group[job] = group
 
-    def _group_bytes(self, group: int) -> tuple[int, int, int]:
-        jobs = sum(1 for g in self._job_group.values() if g == group)
-        sm = self.groups[group].sm
-        return (jobs, sum(s.host_bytes for s in sm.states.values()), group)
+    def forget(self, job: str) -> None:
+        with self._lock:
+            self._job_group.pop(job, None)
 
     def placement(self, job: str) -> int | None:
         return self._job_group.get(job)

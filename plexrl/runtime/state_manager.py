@@ -91,21 +91,10 @@ class StateManager:
         """Register a state and give it its persistent host buffer, filled from its module
         (or from `initial`, a flat weights tensor). When host room is short only because states
         are in use, wait for them — except the ones the caller itself `holding`s."""
-        smallest = min(a.capacity_bytes for a in self.arenas.values())
-        if state.device_bytes > smallest:
-            raise errors.StateTooLarge(
-                f"model {state.name!r} of job {state.job!r} needs {state.device_bytes:,} device bytes "
-                f"({'weights, gradients and Adam moments' if state.trainable else 'weights'}, float32) but a "
-                f"device budget is {smallest:,} bytes; expected device_memory_bytes >= {state.device_bytes:,}"
-            )
+        self.check_fits(state)
         with self.lock:
             if state.state_id in self.states:
                 raise errors.InvalidInput(f"a model named {state.name!r} already exists in job {state.job!r}")
-            if state.host_bytes > self.host_capacity:
-                raise errors.StateTooLarge(
-                    f"model {state.name!r} of job {state.job!r} needs {state.host_bytes:,} host bytes but the "
-                    f"node's host budget is {self.host_capacity:,}; expected host_memory_bytes >= {state.host_bytes:,}"
-                )
             room = plan_host_room(self.view(), state.host_bytes)
             while isinstance(room, NoFit) and any(s.busy and s.state_id not in holding for s in self.states.values()):
                 self.changed.wait(0.05)  # states in use now free their host buffers when released
@@ -128,6 +117,21 @@ class StateManager:
             self.telemetry.events.emit(self.telemetry.now(), "state_added", state=state.state_id, job=state.job,
                                        node=self.node, host_bytes=state.host_bytes, device_bytes=state.device_bytes)
 
+    def check_fits(self, state: ModelState) -> None:
+        """StateTooLarge unless the state fits this node's budgets when nothing else is there."""
+        smallest = min(a.capacity_bytes for a in self.arenas.values())
+        if state.device_bytes > smallest:
+            raise errors.StateTooLarge(
+                f"model {state.name!r} of job {state.job!r} needs {state.device_bytes:,} device bytes "
+                f"({'weights, gradients and Adam moments' if state.trainable else 'weights'}, float32) but a "
+                f"device budget is {smallest:,} bytes; expected device_memory_bytes >= {state.device_bytes:,}"
+            )
+        if state.host_bytes > self.host_capacity:
+            raise errors.StateTooLarge(
+                f"model {state.name!r} of job {state.job!r} needs {state.host_bytes:,} host bytes but the "
+                f"node's host budget is {self.host_capacity:,}; expected host_memory_bytes >= {state.host_bytes:,}"
+            )
+
     def remove(self, state_id: str) -> None:
         with self.lock:
             state = self.states.pop(state_id)
@@ -139,6 +143,32 @@ class StateManager:
             self.telemetry.events.emit(self.telemetry.now(), "state_removed", state=state_id, job=state.job,
                                        node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
                                        device=state.device, device_bytes=state.device_bytes)
+
+    # -- migration (a spill here, a restore on the new node) --------------------------------------
+    def evict(self, state_id: str, job: str) -> ModelState:
+        """Wait until the state is idle, spill it (offloading first if resident) and hand it over;
+        its spill file stays for the adopting node to restore from."""
+        with self.changed:
+            state = self.states[state_id]
+            while state.busy or self.pending(state_id):
+                self.changed.wait(0.01)
+            if state.tier is Tier.DEVICE:
+                self._run(Transition(TransitionKind.OFFLOAD, state_id, state.device_bytes, state.device), job)
+            if state.tier is Tier.HOST:
+                self._run(Transition(TransitionKind.SPILL, state_id, state.host_bytes), job)
+            del self.states[state_id]
+            self.telemetry.events.emit(self.telemetry.now(), "state_removed", state=state_id, job=state.job,
+                                       node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
+                                       device=None, device_bytes=state.device_bytes)
+            return state
+
+    def adopt(self, state: ModelState) -> None:
+        """Take over a spilled state from another node; it is restored here on first use."""
+        with self.lock:
+            self.states[state.state_id] = state
+            self.telemetry.events.emit(self.telemetry.now(), "state_adopted", state=state.state_id, job=state.job,
+                                       node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
+                                       device_bytes=state.device_bytes)
 
     def _host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=self.pin_memory)

@@ -1,0 +1,169 @@
+"""Job placement on the local cluster: the pure Placer and AdmissionQueue, plus what a runtime
+adds — waiting callers, provisional placement, online profiling and re-placement (DESIGN §6).
+
+- A job that brings a `JobProfile` is placed with it (and may wait for room: admission).
+- A job that brings none is admitted *provisionally* when its first model arrives: its demand is
+  assumed to be one busy device, and no slack check is made (a job is not refused on a guess);
+  memory still has to fit. After `profile_steps` step boundaries its profile is measured from
+  the event log and it is re-placed with its real slack; later it is re-placed whenever the
+  measured profile drifts from the one it was placed with. A new group means a migration,
+  which the cluster carries out (spill on the old node, restore on the new one).
+- A placement's phase shift delays the job's start (or, when re-placed, its next step).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+from plexrl import errors
+from plexrl.policy import (
+    AdmissionQueue,
+    FirstFit,
+    JobProfile,
+    ModelMemory,
+    Placement,
+    Placer,
+    ResourceView,
+    Wait,
+    drifted,
+    profile_from_events,
+)
+
+PROVISIONAL_PERIOD_S = 1.0
+
+
+@dataclass
+class JobRecord:
+    profile: JobProfile
+    slack: float  # the job's own slack (a provisional profile is placed without one)
+    placement: Placement | None = None
+    provisional: bool = False
+    steps_seen: int = 0
+    migrations: int = 0
+    replacements: int = 0
+    reason: str = ""  # the latest Wait reason while waiting
+    history: list[str] = field(default_factory=list)
+
+
+class JobPlacer:
+    def __init__(self, view: ResourceView, horizon_slots: int, slot_s: float, first_fit: bool,
+                 profile_steps: int, drift_tolerance: float = 0.25):
+        placer_cls = FirstFit if first_fit else Placer
+        self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s)
+        self.queue = AdmissionQueue(self.placer)
+        self.slot_s = slot_s
+        self.profile_steps = profile_steps
+        self.drift_tolerance = drift_tolerance
+        self.jobs: dict[str, JobRecord] = {}
+        self._cond = threading.Condition()
+
+    def group_index(self, placement: Placement) -> int:
+        return self.placer.view.index[placement.group]
+
+    # -- admission ----------------------------------------------------------------------------------
+    def admit(self, profile: JobProfile, slack: float, provisional: bool, now, timeout: float | None) -> Placement:
+        """Place `profile`'s job, waiting (up to `timeout` s) while the placer says Wait."""
+        with self._cond:
+            if profile.job in self.jobs and self.jobs[profile.job].placement is not None:
+                return self.jobs[profile.job].placement
+            self._check_ever_fits(profile)
+            record = JobRecord(profile, slack, provisional=provisional)
+            self.jobs[profile.job] = record
+            decision = self.queue.submit(profile, now())
+            deadline = None if timeout is None else now() + timeout
+            while isinstance(decision, Wait):
+                record.reason = decision.reason
+                left = None if deadline is None else deadline - now()
+                if left is not None and left <= 0:
+                    self.queue.cancel(profile.job)
+                    del self.jobs[profile.job]
+                    raise errors.AdmissionTimeout(
+                        f"job {profile.job!r} waited {timeout} s for room and was not admitted: {decision.reason}")
+                self._cond.wait(left)  # woken when a job finishes and the queue retried
+                if profile.job in self.queue.admitted:
+                    decision = self.queue.admitted[profile.job].placement
+                else:
+                    decision = Wait(next(w.reason for w in self.queue.waiting if w.profile.job == profile.job))
+            record.placement = decision
+            record.history.append(decision.group)
+            return decision
+
+    def _check_ever_fits(self, profile: JobProfile) -> None:
+        """Waiting only makes sense for room that other jobs hold, not for a cluster too small."""
+        view = self.placer.view
+        if profile.device_bytes > view.node_arena.max():
+            raise errors.StateTooLarge(
+                f"job {profile.job!r} has a model of {profile.device_bytes:,} device bytes; the largest device "
+                f"budget is {int(view.node_arena.max()):,} bytes")
+        if profile.host_bytes_per_device > view.node_host.max() or profile.devices > view.capacity.max():
+            raise errors.StateTooLarge(
+                f"job {profile.job!r} needs {profile.devices} device(s) with {profile.host_bytes_per_device:,} host "
+                f"bytes each; no node group has that even when empty")
+
+    def finish(self, job: str, now: float) -> None:
+        with self._cond:
+            if job in self.jobs and self.jobs[job].placement is not None:
+                self.queue.release(job, now)
+            else:
+                self.queue.cancel(job)
+            self._cond.notify_all()
+
+    # -- online profiling -----------------------------------------------------------------------------
+    def on_step(self, job: str, events: list[dict], models: list[ModelMemory], now: float) -> Placement | None:
+        """Called at a job's step boundary. Returns a new placement when the job must move."""
+        with self._cond:
+            record = self.jobs.get(job)
+            if record is None or record.placement is None or not models:
+                return None
+            record.steps_seen += 1
+            if record.steps_seen < self.profile_steps:
+                return None
+            try:
+                measured = profile_from_events(events, job, self.slot_s, models, slack=record.slack,
+                                               last_steps=self.profile_steps)
+            except ValueError:
+                return None  # not enough step records to measure yet
+            if not (record.provisional or drifted(record.profile, measured, self.drift_tolerance)):
+                return None
+            decision = self.placer.replace(measured, now)
+            record.replacements += 1
+            if isinstance(decision, Wait):  # keeps its old place; measure again later
+                record.reason = decision.reason
+                return None
+            moved = decision.group != record.placement.group
+            record.profile, record.placement, record.provisional = measured, decision, False
+            record.history.append(decision.group)
+            if moved:
+                record.migrations += 1
+            return decision if moved or decision.phase_shift_s > 0 else None
+
+    # -- observability ----------------------------------------------------------------------------------
+    def summary(self) -> dict[str, dict]:
+        with self._cond:
+            delays = self.queue.queueing_delays()
+            waiting = {w.profile.job: w.reason for w in self.queue.waiting}
+            out = {}
+            for job, r in self.jobs.items():
+                p = r.placement
+                out[job] = {
+                    "group": None if p is None else self.group_index(p),
+                    "group_name": None if p is None else p.group,
+                    "phase_shift_s": None if p is None else p.phase_shift_s,
+                    "score": None if p is None else p.score,
+                    "inflation": None if p is None else p.inflation,
+                    "provisional": r.provisional,
+                    "queueing_delay_s": delays.get(job, 0.0),
+                    "waiting_reason": waiting.get(job),
+                    "migrations": r.migrations,
+                    "replacements": r.replacements,
+                }
+            return out
+
+
+def provisional_profile(job: str, models: list[ModelMemory], slot_s: float) -> JobProfile:
+    """Worst-case guess for a job that brought no profile: one device busy all the time.
+    Placed without a slack check (slack=inf); the measured profile replaces it."""
+    slots = max(1, math.ceil(PROVISIONAL_PERIOD_S / slot_s))
+    return JobProfile(job, slots * slot_s, (1.0,) * slots, 1, tuple(models), slack=math.inf)

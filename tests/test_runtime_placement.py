@@ -1,0 +1,113 @@
+"""Placement on the local cluster (issue 4): the Placer decides where each job's states live,
+with what phase shift; jobs wait for room; profiles are measured online; migrations move states."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import plexrl
+from plexrl import errors
+from plexrl.policy import JobProfile, ModelMemory
+from tests.test_runtime_invariants import datum, rl_job
+
+MiB = 1 << 20
+
+
+def state_bytes(model_dir: str, trainable: bool = True) -> int:
+    from plexrl.runtime.state import load_module
+
+    numel = sum(p.numel() for p in load_module(model_dir).parameters())
+    return numel * 4 * (4 if trainable else 1)
+
+
+def square_wave(job: str, nbytes: int) -> JobProfile:
+    return JobProfile(job, period_s=0.2, demand=(1, 1, 0, 0), devices=1, models=(ModelMemory("policy", nbytes, nbytes),))
+
+
+def test_complementary_jobs_share_a_group_with_disjoint_busy_slots(tiny_model):
+    nbytes = state_bytes(tiny_model)
+    with plexrl.LocalCluster(nodes=2, devices_per_node=1, device_memory_bytes=4 * nbytes, host_memory_bytes=8 * nbytes,
+                             slot_s=0.05) as c:
+        a = c.service_client("a", profile=square_wave("a", nbytes))
+        t0 = time.perf_counter()
+        b = c.service_client("b", profile=square_wave("b", nbytes))
+        waited = time.perf_counter() - t0
+        placement = c.metrics()["placement"]
+        assert placement["a"]["group"] == placement["b"]["group"], "packed onto one group"
+        assert placement["b"]["score"] == 0 and c.placer.placer.overload_s() < 1e-9, "busy slots disjoint"
+        assert placement["a"]["phase_shift_s"] < 0.05 <= placement["b"]["phase_shift_s"]
+        assert waited >= placement["b"]["phase_shift_s"] - 0.01, "the job starts after its phase shift"
+        trainer = b.create_training_client(base_model=tiny_model)
+        trainer.forward_backward([datum([5, 6, 7])]).result()
+        node = placement["b"]["group"]
+        loads = [e for e in c.events() if e["event"] == "transition" and e["state"] == trainer.model_id]
+        assert loads and all(e["node"] == node for e in loads)
+        a.close()
+        b.close()
+
+
+def test_a_job_that_does_not_fit_waits_until_another_finishes(tiny_model):
+    nbytes = state_bytes(tiny_model)
+    with plexrl.LocalCluster(nodes=1, devices_per_node=2, device_memory_bytes=2 * nbytes,
+                             host_memory_bytes=nbytes + nbytes // 2) as c:
+        first = c.service_client("first")
+        first.create_training_client(base_model=tiny_model)
+        with pytest.raises(errors.AdmissionTimeout, match="'impatient' waited 0.2 s.*host"):
+            c.service_client("impatient", admission_timeout=0.2).create_training_client(base_model=tiny_model)
+        admitted = {}
+
+        def second_job():
+            trainer = c.service_client("second").create_training_client(base_model=tiny_model)
+            admitted["loss"] = trainer.forward_backward([datum([5, 6, 7])]).result().metrics["loss:sum"]
+
+        waiter = threading.Thread(target=second_job)
+        waiter.start()
+        time.sleep(0.3)
+        assert "loss" not in admitted and c.metrics()["admission"]["second"]["waiting_reason"]
+        first.close()
+        waiter.join(timeout=60)
+        assert admitted["loss"] > 0
+        assert c.metrics()["placement"]["second"]["queueing_delay_s"] >= 0.25
+
+
+def test_a_job_too_big_for_any_group_fails_at_once(tiny_model):
+    nbytes = state_bytes(tiny_model)
+    with plexrl.LocalCluster(nodes=2, devices_per_node=1, device_memory_bytes=8 * nbytes, host_memory_bytes=2 * nbytes) as c:
+        huge = JobProfile("huge", 1.0, (1.0,), 1, (ModelMemory("policy", nbytes, 3 * nbytes),))
+        with pytest.raises(errors.StateTooLarge, match="no node group has that"):
+            c.service_client("huge", profile=huge)
+
+
+def test_profiles_are_measured_online_and_replace_the_guess(tiny_model):
+    with plexrl.LocalCluster(nodes=2, devices_per_node=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB,
+                             profile_steps=2) as c:
+        rl_job(c, "job", tiny_model, seed=1, steps=3)
+        placed = c.metrics()["placement"]["job"]
+    assert placed["provisional"] is False and placed["replacements"] >= 1
+
+
+def test_migration_moves_states_and_changes_no_result(tiny_model):
+    def run(migrate: bool):
+        with plexrl.LocalCluster(nodes=2, devices_per_node=1, device_memory_bytes=64 * MiB,
+                                 host_memory_bytes=256 * MiB, profile_steps=1000) as c:
+            trainer = c.service_client("job").create_training_client(base_model=tiny_model, seed=0)
+            for step in range(4):
+                if migrate and step == 2:
+                    source = c.metrics()["placement"]["job"]["group"]
+                    c.migrate("job", 1 - source)
+                trainer.forward_backward([datum([5, 6, 7, 8, 9])]).result()
+                trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result()
+            events = c.events()
+            return trainer.state.flat_weights().clone(), c.metrics(), events
+
+    still, _, _ = run(False)
+    moved, metrics, events = run(True)
+    assert torch.equal(still, moved), "a migration must not change the job's results"
+    assert metrics["migrations"] == 1
+    kinds = [(e["kind"], e["node"]) for e in events if e["event"] == "transition" and e["state"] == "job/policy"]
+    spill = kinds.index(("spill", 0)) if ("spill", 0) in kinds else kinds.index(("spill", 1))
+    assert kinds[spill + 1][0] == "restore" and kinds[spill + 1][1] != kinds[spill][1]
