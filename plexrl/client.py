@@ -84,7 +84,11 @@ class _ModelClient:
                 check()
             except errors.PlexRLError as exc:
                 return APIFuture.failed(exc)
-        return self.cluster.submit(self.state, fn, run, needs_device=needs_device, mutates=mutates)
+        future = self.cluster.submit(self.state, fn, run, needs_device=needs_device, mutates=mutates)
+        if future.done() and isinstance(future.exception(), errors.UnknownModel):
+            # a sync retired the snapshot between resolving it and submitting: resolve again
+            future = self.cluster.submit(self.state, fn, run, needs_device=needs_device, mutates=mutates)
+        return future
 
     def _next_seed(self, requested: int | None) -> int:
         """Explicit seeds win; otherwise one derived from (client seed, call number): deterministic
@@ -96,6 +100,27 @@ class _ModelClient:
 
 
 class SamplingClient(_ModelClient):
+    """Samples and scores with one set of weights. A client made by
+    `save_weights_and_get_sampling_client(name)` follows the weights most recently synced
+    under `name` (as a weight-synced rollout engine does): calls submitted before a sync see
+    the weights before it, calls submitted after see the new ones."""
+
+    def __init__(self, cluster: "LocalCluster", state: ModelState, seed: int, follows: tuple[str, str] | None = None):
+        super().__init__(cluster, state, seed)
+        self._follows = follows
+
+    @property
+    def state(self) -> ModelState:
+        if self._follows is not None:
+            latest = self.cluster.latest_sampler(*self._follows)
+            if latest is not None:
+                return latest
+        return self._state
+
+    @state.setter
+    def state(self, value: ModelState) -> None:
+        self._state = value
+
     def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
                include_prompt_logprobs: bool = False) -> APIFuture[SampleResponse]:
         params = sampling_params or SamplingParams()
@@ -203,6 +228,7 @@ class TrainingClient(_ModelClient):
         default seed streams (explicit `SamplingParams.seed` always wins)."""
         snapshot = self.save_weights_for_sampler(name).result()
         self._syncs += 1
-        return SamplingClient(self.cluster, snapshot, self.seed * 1_000_033 + self._syncs)
+        return SamplingClient(self.cluster, snapshot, self.seed * 1_000_033 + self._syncs,
+                              follows=(self.state.state_id, name))
 
     _syncs = 0

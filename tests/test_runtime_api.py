@@ -130,3 +130,17 @@ def test_measured_bandwidth_feeds_the_estimates(cluster):
     summary = cluster.metrics()
     assert summary["transitions"].get("load", 0) > 0
     assert summary["bandwidth_gbps"]["load"] != pytest.approx(10.0), "still the prior: no measurement fed it"
+
+
+def test_a_sampler_follows_the_latest_sync_of_its_name(cluster, tiny_model):
+    trainer = cluster.service_client(job="job-follow").create_training_client(base_model=tiny_model, seed=5)
+    prompt = plexrl.ModelInput.from_ints([5, 6, 7, 8])
+    old = trainer.save_weights_and_get_sampling_client()
+    queued = [old.compute_logprobs(prompt) for _ in range(3)]  # submitted before the next sync
+    trainer.forward_backward([datum([5, 6, 7, 8, 9])]).result()
+    trainer.optim_step(plexrl.AdamParams(learning_rate=0.05)).result()
+    new = trainer.save_weights_and_get_sampling_client()
+    before = [f.result() for f in queued]
+    assert before[0] == before[1] == before[2], "calls made before the sync saw the old weights"
+    after_old, after_new = old.compute_logprobs(prompt).result(), new.compute_logprobs(prompt).result()
+    assert after_old == after_new != before[0]

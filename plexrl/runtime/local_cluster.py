@@ -161,6 +161,11 @@ class LocalCluster:
         self.router.route(request)
         return request.future
 
+    def latest_sampler(self, trainer_id: str, name: str) -> ModelState | None:
+        state_id = self.router.sampler(trainer_id, name)
+        group = None if state_id is None else self.router.group_of(state_id)
+        return None if group is None else self.state_managers[group].states.get(state_id)
+
     def limits(self, state: ModelState) -> tuple[int, int]:
         config = state.module.config
         return int(config.vocab_size), int(getattr(config, "max_position_embeddings", 1 << 30))

@@ -74,6 +74,10 @@ class GroupScheduler:
             if self._closed:
                 request.future.set_exception(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
                 return
+            if request.state_id not in self.sm.states:
+                request.future.set_exception(errors.UnknownModel(
+                    f"model {request.state_id!r} no longer exists on this cluster (a retired sampler snapshot?)"))
+                return
             fifo = self._fifos.setdefault(request.state_id, deque())
             fifo.append(request)
             self.telemetry.events.emit(
