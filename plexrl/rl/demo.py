@@ -224,14 +224,17 @@ class Progress:
     def final_table(self, summary: dict) -> None:
         from rich.table import Table
 
-        table = Table(title="PlexRL demo: 3 jobs, multiplexed on 2 devices vs dedicated")
-        for column in ("job", "algorithm", "steps", "reward first→last", "step s mux/ded",
-                       "device-s consumed (mux)", "device-s reserved (ded)", "identical"):
-            table.add_column(column)
+        table = Table(title="PlexRL demo: 3 jobs, multiplexed on 2 devices vs dedicated", caption=(
+            "reward: first vs last quarter of steps; step s: multiplexed/dedicated;\n"
+            "dev-s: consumed multiplexed (execution + switch-in) vs reserved dedicated (1 device x wall)"))
+        for column, justify in (("job", "left"), ("algorithm", "left"), ("steps", "right"), ("reward", "right"),
+                                ("step s\nmux/ded", "right"), ("dev-s\nmux", "right"), ("dev-s\nded", "right"),
+                                ("same\nrewards", "center")):
+            table.add_column(column, justify=justify, no_wrap=column in ("job", "reward") or "/" in column)
         for j in summary["jobs"]:
             table.add_row(j["name"], j["algorithm"], str(j["steps"]),
-                          f"{j['reward_first']:.3f} → {j['reward_last']:.3f}",
-                          f"{j['step_s_mux']:.2f} / {j['step_s_dedicated']:.2f}",
+                          f"{j['reward_first']:.2f}→{j['reward_last']:.2f}",
+                          f"{j['step_s_mux']:.2f}/{j['step_s_dedicated']:.2f}",  # multiplexed / dedicated
                           f"{j['consumed_device_s']:.1f}", f"{j['reserved_device_s']:.1f}",
                           "yes" if j["identical_rewards"] else "NO")
         self.console.print(table)
