@@ -56,9 +56,10 @@ class LocalCluster:
         threads_per_device: int = 1,
         workdir: str | Path | None = None,
         event_log: str | Path | None = None,
-        torch_device: str = "cpu",
+        torch_device: str = "auto",
     ):
         self.policy = _checked_policy(policy)
+        torch_device = _resolve_device(torch_device)
         if devices_per_node is not None:
             _check_positive(devices_per_node=devices_per_node)
             devices = nodes * devices_per_node
@@ -352,6 +353,21 @@ def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, int) or value < 1:
             raise errors.ConfigError(f"{name}={value!r}; expected a positive integer")
+
+
+def _resolve_device(torch_device: str) -> str:
+    """"auto": CUDA devices when present, else logical CPU devices."""
+    if torch_device not in ("auto", "cpu", "cuda"):
+        raise errors.ConfigError(f"torch_device={torch_device!r}; expected 'auto', 'cpu' or 'cuda'")
+    if torch_device == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch_device == "cuda":
+        raise errors.ConfigError("torch_device='cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    return "cpu"
 
 
 def _device_name(torch_device: str, index: int) -> str:

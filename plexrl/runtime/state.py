@@ -92,6 +92,14 @@ class ModelState:
     def attach(self, region: torch.Tensor, device: int, offset: int) -> None:
         self._resident, self.tier, self.device, self.offset = region, Tier.DEVICE, device, offset
         self.bind(region)
+        self._move_buffers(region.device)
+
+    def _move_buffers(self, device: torch.device) -> None:
+        """Small non-parameter buffers (rotary frequencies, masks) follow the weights' device."""
+        for module in self.module.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.device != device:
+                    module._buffers[name] = buffer.to(device)
 
     def detach_to_host(self) -> None:
         self._resident, self.tier, self.device, self.offset = None, Tier.HOST, None, None
