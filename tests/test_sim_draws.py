@@ -15,7 +15,7 @@ JOB = Job(name="j", params_b=7, steps=DRAW_BLOCK + 5, rollout={"prompts": 4, "tu
 def test_sim_job_walks_blocks_in_step_order():
     rng = job_rng(3, 1)
     expected = draw_steps(JOB, rng) + draw_steps(JOB, rng)
-    job = SimJob(JOB, 1, 3, None, 0.0, 8)
+    job = SimJob(JOB, 1, 3, None, 0.0)
     for step, want in enumerate(expected[: JOB.steps]):
         if not job.draws:
             job.draws = draw_steps(JOB, job.rng)[::-1]

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
+from plexrl.sim.group import Group
 from plexrl.sim.latency import consolidated_shards, job_costs, tail_cut
-from plexrl.sim.phases import Phase, first_step, plan_step, solo_step_s
+from plexrl.sim.phases import Phase, first_step, gpu_seconds, plan_step, solo_step_s
 from plexrl.sim.service import Service
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import Job, load_cluster
@@ -35,67 +36,71 @@ def test_cut_leaves_at_most_capacity_running(lengths, capacity):
 
 
 @settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(1, 80), min_size=2, max_size=400), workers=st.integers(2, 4))
-def test_consolidated_shards_match_step_by_step_reference(lengths, workers):
-    """Main shards decode every response up to the cut; the tail decodes the rest on one worker's
-    replicas after re-prefilling prompt + cut tokens per moved response."""
-    costs = COSTS
-    replicas, prompt = 4, 16
+@given(lengths=st.lists(st.integers(1, 80), min_size=2, max_size=400), replicas=st.integers(2, 8),
+       tail_replicas=st.integers(1, 3))
+def test_consolidated_shards_match_step_by_step_reference(lengths, replicas, tail_replicas):
+    """Main shards decode every response up to the cut; the tail replicas decode the rest after
+    re-prefilling prompt + cut tokens per moved response."""
+    costs, prompt = COSTS, 16
     arr = np.array(lengths, dtype=float)
-    split = consolidated_shards(costs, arr, workers, replicas, prompt)
-    cut = tail_cut(arr, costs.tail_batch * replicas)
+    split = consolidated_shards(costs, arr, replicas, prompt, tail_replicas)
+    cut = tail_cut(arr, costs.tail_batch * tail_replicas) if replicas > tail_replicas else None
     if cut is None or cut <= 0:
         assert split is None
         return
     main, tail = split
-    clipped = np.minimum(arr, cut)
-    n_rep = workers * replicas
-    n = len(arr) - len(arr) % n_rep
-    per_replica = [list(clipped[:n].reshape(n_rep, -1)[r]) if n else [] for r in range(n_rep)]
-    for r, extra in enumerate(clipped[n:]):
-        per_replica[r].append(extra)
-    ref = [decode_reference(costs.decode_step_s, costs.decode_seq_s, [int(x) for x in p]) if p else 0.0
-           for p in per_replica]
-    assert main == pytest.approx([max(ref[w * replicas:(w + 1) * replicas]) for w in range(workers)], rel=1e-9)
+    assert main == pytest.approx(dealt_reference(costs, np.minimum(arr, cut), replicas), rel=1e-9)
     rest = arr[arr > cut] - cut
-    blocks = [[] for _ in range(replicas)]
-    m = len(rest) - len(rest) % replicas
-    for r in range(replicas):
-        blocks[r] += list(rest[:m].reshape(replicas, -1)[r]) if m else []
-    for r, extra in enumerate(rest[m:]):
+    moved = [len(b) for b in deal(rest, tail_replicas)]
+    prefill = costs.prefill_token_s * (prompt + cut)
+    want = [d + prefill * m for d, m in zip(dealt_reference(costs, rest, tail_replicas), moved)]
+    assert tail == pytest.approx(want, rel=1e-9)
+    # the tail holds what the cut left, and main + tail decode every token exactly once
+    assert sum(moved) == len(rest) <= costs.tail_batch * tail_replicas
+
+
+def deal(lengths: np.ndarray, replicas: int) -> list[list[float]]:
+    """Even blocks in order, the remainder one each to the first replicas (as decode_shards)."""
+    n = len(lengths) - len(lengths) % replicas
+    blocks = [list(lengths[:n].reshape(replicas, -1)[r]) if n else [] for r in range(replicas)]
+    for r, extra in enumerate(lengths[n:]):
         blocks[r].append(extra)
-    tail_ref = max(decode_reference(costs.decode_step_s, costs.decode_seq_s, [int(x) for x in b]) if b else 0.0
-                   for b in blocks)
-    prefill = costs.prefill_token_s * (prompt + cut) * len(rest) / replicas
-    assert tail == pytest.approx(tail_ref + prefill, rel=1e-9)
+    return blocks
 
 
-def test_one_worker_has_nothing_to_free():
+def dealt_reference(costs, lengths: np.ndarray, replicas: int) -> list[float]:
+    return [decode_reference(costs.decode_step_s, costs.decode_seq_s, [int(x) for x in b]) if b else 0.0
+            for b in deal(lengths, replicas)]
+
+
+def test_no_more_replicas_than_the_tail_has_nothing_to_free():
     lengths = np.arange(1.0, 5000.0)
-    assert consolidated_shards(COSTS, lengths, 1, 4, 512) is None
+    assert consolidated_shards(COSTS, lengths, 1, 512, tail_replicas=1) is None
+    assert consolidated_shards(COSTS, lengths, 2, 512, tail_replicas=2) is None
+    assert consolidated_shards(COSTS, lengths, 3, 512, tail_replicas=2) is not None
 
 
 def test_consolidation_saves_worker_time_at_a_small_step_cost():
-    """On the 30B job of paper-mix (2 sampler workers) the plan with the tail consolidated uses
-    fewer worker-seconds, and its solo step is at most a few percent longer."""
+    """On the 30B job of paper-mix (8 replicas of 2 GPUs) the plan with the tail consolidated
+    uses fewer GPU-seconds, and its solo step is at most a few percent longer."""
     cluster = load_cluster("h200-256")
     job = Job(name="code", algorithm="dapo", params_b=30, active_params_b=3, tp=2, dp=8, reward_s=0)
     costs = job_costs(job, cluster)
-    whole = plan_step(job, costs, first_step(job, 0, 0), 2, 2, 4, consolidate_tail=False)
-    split = plan_step(job, costs, first_step(job, 0, 0), 2, 2, 4, consolidate_tail=True)
-    worker_s = lambda phases: sum(sum(p.shard_s) for p in phases if p.state)
+    whole = plan_step(job, costs, first_step(job, 0, 0), 16, 16, consolidate_tail=False)
+    split = plan_step(job, costs, first_step(job, 0, 0), 16, 16, consolidate_tail=True)
     assert [p.fn for p in split].count("sample_tail") == 1
-    assert worker_s(split) < 0.95 * worker_s(whole)
+    assert gpu_seconds(split) < 0.95 * gpu_seconds(whole)
     assert solo_step_s(whole) <= solo_step_s(split) <= 1.06 * solo_step_s(whole)
 
 
 def test_freed_worker_serves_another_job_during_the_tail():
-    """A samples 10 s on workers 0 and 1, then its 30 s tail on one of them (step 0, phase 2:
-    worker 0). B's 5 s call arrives on worker 1 at t=12 and runs at once: done at 17, not 40."""
+    """A samples 10 s on GPUs 0 and 1, then its 30 s tail on one of them (step 0, phase 2:
+    GPU 0). B's 5 s call arrives on GPU 1 at t=12 and runs at once: done at 17, not 40."""
     loop = EventLoop()
     service = Service(loop, Policy.PLEXRL, on_job_done=lambda job: None)
-    workers = [SimWorker(wid=i, gpus=8, arena_bytes=400, host_bytes=10**6, link_bytes_per_s=1e9,
+    workers = [SimWorker(wid=i, arena_bytes=400, host_bytes=10**6, link_bytes_per_s=1e9,
                          disk_bytes_per_s=1e9) for i in range(2)]
+    Group(0, workers)
     a = ScriptedJob("A", 0.0, [Phase("sample", "s", (10.0, 10.0)), Phase("sample_tail", "s", (30.0,))])
     b = ScriptedJob("B", 12.0, [Phase("update", "s", (5.0,))])
     for w in workers:

@@ -17,6 +17,7 @@ import pytest
 
 from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
+from plexrl.sim.group import Group
 from plexrl.sim.phases import Phase
 from plexrl.sim.service import Service, SimJob
 from plexrl.sim.worker import SimWorker
@@ -27,7 +28,7 @@ class ScriptedJob(SimJob):
     """A controller whose single step is a fixed list of phases (a fake at the plan seam)."""
 
     def __init__(self, name: str, arrival: float, phases: list[Phase]):
-        super().__init__(Job(name=name, params_b=1, steps=1), 0, 0, None, arrival, 1)
+        super().__init__(Job(name=name, params_b=1, steps=1), 0, 0, None, arrival)
         self.script = phases
 
     def next_phases(self) -> list[Phase]:
@@ -38,7 +39,8 @@ def run_three_jobs(policy: Policy):
     loop = EventLoop()
     done: list[str] = []
     service = Service(loop, policy, on_job_done=lambda job: done.append(job.name))
-    worker = SimWorker(wid=0, gpus=1, arena_bytes=200, host_bytes=10**6, link_bytes_per_s=50.0, disk_bytes_per_s=50.0)
+    worker = SimWorker(wid=0, arena_bytes=200, host_bytes=10**6, link_bytes_per_s=50.0, disk_bytes_per_s=50.0)
+    Group(0, [worker])
     jobs = [
         ScriptedJob("J1", 0.0, [Phase("update", "s", (10.0,))]),
         ScriptedJob("J2", 1.0, [Phase("update", "s", (4.0,))]),

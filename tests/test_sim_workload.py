@@ -49,11 +49,16 @@ def test_unknown_name_lists_shipped_ones():
         load_workload("no-such-workload")
 
 
-def test_job_must_use_whole_workers():
+@pytest.mark.parametrize("update,message", [
+    ({"tp": 3, "dp": 2}, "tp = 3 must divide the cluster's gpus_per_node = 8"),
+    ({"tp": 8, "dp": 5}, "tp \\* dp = 40 GPUs exceed a node group of 32 GPUs"),
+], ids=["replica-spans-nodes", "job-exceeds-group"])
+def test_job_replicas_fit_nodes_and_job_fits_a_group(update, message):
     cluster = load_cluster("h200-256")
-    bad = load_workload("paper-mix").jobs[0].model_copy(update={"tp": 1, "dp": 3})
-    with pytest.raises(ConfigError, match="multiple of the cluster's worker_gpus = 8"):
+    bad = load_workload("paper-mix").jobs[0].model_copy(update=update)
+    with pytest.raises(ConfigError, match=message):
         cluster.check_job(bad)
+    cluster.check_job(bad.model_copy(update={"tp": 1, "dp": 3}))  # any dp is fine now: GPUs are the unit
 
 
 def test_cli_json_has_every_documented_field(tmp_path, capsys):

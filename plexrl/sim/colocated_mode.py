@@ -1,6 +1,6 @@
 """Colocated baseline: each job owns `tp * dp` GPUs for its whole run; phases alternate on them.
 
-The job's states share its own workers (offloading only if they do not fit together, as verl's
+The job's states share its own GPUs (offloading only if they do not fit together, as verl's
 hybrid engine does), and it is charged for the reserved GPUs times its wall time, idle or not.
 GPUs are counted cluster-wide (no node fragmentation), which favours this baseline.
 """
@@ -23,7 +23,7 @@ class ColocatedMode(Mode):
         spec = job.spec
         if spec.gpus > self.free_gpus:
             return False
-        workers = [self.new_worker() for _ in range(self.workers_of(spec))]
+        workers = self.new_group(spec.gpus)
         for state in states_of(spec):
             self.attach(job, state, workers)
         self.free_gpus -= spec.gpus

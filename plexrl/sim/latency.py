@@ -1,18 +1,20 @@
-"""The latency model: how long each function takes on a worker, and how big each model state is.
+"""The latency model: how long each function takes, and how big each model state is per GPU.
 
 This replaces execution, and only execution: every scheduling decision still comes from
-`plexrl/policy/`. A *worker* is a gang of `cluster.worker_gpus` GPUs (a node by default), the
-unit a request runs on; it holds `worker_gpus / tp` replicas of a job's model.
+`plexrl/policy/`. A *worker* is one GPU. A rollout request runs on one model replica (`tp`
+GPUs of one node); log-probs, the training update and weight sync are collectives over all of
+the job's training GPUs (ZeRO-3), one gang request each.
 
 Decode (continuous batching, memory-bound): one decode step of a replica over `b` live
 sequences costs `t0 + c*b`, where `t0` reads every weight once (weight bytes / (tp * HBM
 bandwidth)) and `c` is the per-sequence compute and KV traffic. A replica whose responses have
 lengths `L_i` therefore takes `t0 * max(L) + c * sum(L)`: it ends when its longest response ends
 (the long tail), and per-GPU throughput `b / (t0 + c b)` rises with the per-replica batch, so
-small data-parallel sizes decode more per GPU (the paper's Fig. 7c). A worker's shard ends with
-its slowest replica.
+small data-parallel sizes decode more per GPU (the paper's Fig. 7c). Each replica is its own
+request, so a replica that finishes early gives its GPUs back at once.
 Prefill-like work (log-probs) and training cost FLOPs: `2 * active params` per token forward,
-`UPDATE_VS_FORWARD` times that for forward+backward+optimizer, spread over the worker's GPUs.
+`UPDATE_VS_FORWARD` times that for forward+backward+optimizer, in GPU-seconds per token, spread
+over the job's training GPUs.
 
 Calibration (H20: 2.8 TB/s and 84 TFLOP/s effective, `DECODE_SEQ_FACTOR` 2.5): Qwen2.5-7B, 2,048
 responses on 32 GPUs gives generation ~375 s and old log-prob ~108 s against the published
@@ -20,14 +22,14 @@ responses on 32 GPUs gives generation ~375 s and old log-prob ~108 s against the
 
 Long-tail consolidation (PlexRL only; the paper's small data-parallel size for long-tail shards,
 as RLHFuse migrates the tail): once at most `tail_capacity` responses are still decoding, the
-survivors move to one worker, re-prefill their prompt and tokens so far there, and finish at a
-batch that keeps each decode step within `TAIL_STEP_GROWTH` of a lone sequence's; the job's
-other workers are free for other jobs instead of idling through the tail. The cut is a fixed
-decode step `K` for every replica (a synchronous hand-off), so the main shards end together.
+survivors move to `TAIL_REPLICAS` replicas, re-prefill their prompt and tokens so far there, and
+finish at a batch that keeps each decode step within `TAIL_STEP_GROWTH` of a lone sequence's;
+the job's other replicas' GPUs are free for other jobs instead of idling through the tail. The
+cut is a fixed decode step `K` for every replica (a synchronous hand-off).
 
-State sizes per worker: sampler = bf16 weights (2 B/param) of each replica plus a KV reserve;
-trainer = full training state (16 B/param: bf16 weights and grads, fp32 master and Adam moments)
-sharded over all the job's workers (ZeRO-3).
+State sizes per GPU: sampler = its replica's share of the bf16 weights (2 B/param / tp) plus a
+KV reserve; ref = the same weights without KV; trainer = full training state (16 B/param: bf16
+weights and grads, fp32 master and Adam moments) sharded over the job's training GPUs (ZeRO-3).
 """
 
 from __future__ import annotations
@@ -46,22 +48,23 @@ UPDATE_VS_FORWARD = 2.5  # forward+backward+optimizer / forward (published 7B br
 # Published weight-sync times (params in billions -> seconds): 7B 0.1 s, 30B 4-16 s, 235B 24-59 s.
 WEIGHT_SYNC_POINTS = ((7.0, 0.1), (30.0, 8.0), (235.0, 40.0))
 TAIL_STEP_GROWTH = 0.25  # a tail replica's batch may make a decode step at most 25% slower than t0
+TAIL_REPLICAS = 2  # replicas that finish a consolidated tail
 
 
 @dataclass(frozen=True)
 class JobCosts:
-    """Per-worker costs of one job on one device type."""
+    """Costs of one job on one device type; bytes are per GPU."""
 
-    decode_step_s: float  # t0
-    decode_seq_s: float  # c
-    forward_token_s: float
-    update_token_s: float
+    decode_step_s: float  # t0, one replica
+    decode_seq_s: float  # c, one replica
+    forward_token_s: float  # GPU-seconds per token
+    update_token_s: float  # GPU-seconds per token
     weight_sync_s: float
     prefill_token_s: float  # one replica's prompt processing per token (tail re-prefill)
     sampler_bytes: int  # weights + KV reserve
     ref_bytes: int  # weights only
     trainer_bytes: int
-    worker_bytes: int  # arena capacity of one worker
+    gpu_bytes: int  # arena capacity of one GPU
 
     def decode_s(self, longest: float, total: float) -> float:
         return self.decode_step_s * longest + self.decode_seq_s * total
@@ -84,12 +87,17 @@ def weight_sync_s(params_b: float) -> float:
     return pts[-1][1]
 
 
-def job_costs(job: Job, cluster: Cluster, train_workers: int | None = None) -> JobCosts:
-    """Per-worker costs of `job` on `cluster`; the training state is sharded over
-    `train_workers` workers (default: all the job's workers)."""
-    dev, wg = cluster.device, cluster.worker_gpus
-    forward_token_s = 2 * job.active_b * 1e9 / (dev.tflops * 1e12 * wg)
-    worker_bytes = int(dev.memory_gb * GB * dev.usable_fraction * wg)
+def gpu_arena_bytes(cluster: Cluster) -> int:
+    dev = cluster.device
+    return int(dev.memory_gb * GB * dev.usable_fraction)
+
+
+def job_costs(job: Job, cluster: Cluster, train_gpus: int | None = None) -> JobCosts:
+    """Costs of `job` on `cluster`; the training state is sharded over `train_gpus` GPUs
+    (default: all the job's GPUs)."""
+    dev = cluster.device
+    forward_token_s = 2 * job.active_b * 1e9 / (dev.tflops * 1e12)
+    gpu_bytes = gpu_arena_bytes(cluster)
     weights = int(BYTES_PER_WEIGHT * job.params_b * 1e9)
     replica_token_s = 2 * job.active_b * 1e9 / (dev.tflops * 1e12 * job.tp)
     return JobCosts(
@@ -99,10 +107,10 @@ def job_costs(job: Job, cluster: Cluster, train_workers: int | None = None) -> J
         prefill_token_s=replica_token_s,
         update_token_s=UPDATE_VS_FORWARD * forward_token_s,
         weight_sync_s=job.weight_sync_s if job.weight_sync_s is not None else weight_sync_s(job.params_b),
-        sampler_bytes=weights * (wg // job.tp) + int(job.kv_cache_fraction * worker_bytes),
-        ref_bytes=weights * (wg // job.tp),
-        trainer_bytes=int(BYTES_PER_TRAIN_PARAM * job.params_b * 1e9 / (train_workers or job.gpus // wg)),
-        worker_bytes=worker_bytes,
+        sampler_bytes=weights // job.tp + int(job.kv_cache_fraction * gpu_bytes),
+        ref_bytes=weights // job.tp,
+        trainer_bytes=int(BYTES_PER_TRAIN_PARAM * job.params_b * 1e9 / (train_gpus or job.gpus)),
+        gpu_bytes=gpu_bytes,
     )
 
 
@@ -121,18 +129,16 @@ def sample_lengths(rollout: Rollout, n: int, rng: np.random.Generator) -> np.nda
     return np.clip(np.rint(lengths), 1, rollout.max_tokens)
 
 
-def decode_shards(costs: JobCosts, lengths: np.ndarray, workers: int, replicas_per_worker: int) -> tuple[float, ...]:
-    """Seconds each of `workers` spends decoding: its replicas share `lengths` evenly, and the
-    worker is done when its slowest replica is."""
-    replicas = workers * replicas_per_worker
+def decode_shards(costs: JobCosts, lengths: np.ndarray, replicas: int) -> tuple[float, ...]:
+    """Seconds each of `replicas` spends decoding its share of `lengths`: even blocks in order,
+    the remainder (< replicas) one each to the first replicas."""
     n = len(lengths) - len(lengths) % replicas
-    head = lengths[:n].reshape(replicas, -1)  # the remainder (< replicas) goes one per replica
+    head = lengths[:n].reshape(replicas, -1)
     longest, total = head.max(axis=1, initial=0.0), head.sum(axis=1)
     rest = lengths[n:]
     longest[: len(rest)] = np.maximum(longest[: len(rest)], rest)
     total[: len(rest)] += rest
-    per_replica = costs.decode_step_s * longest + costs.decode_seq_s * total
-    return tuple(per_replica.reshape(workers, replicas_per_worker).max(axis=1).tolist())
+    return tuple((costs.decode_step_s * longest + costs.decode_seq_s * total).tolist())
 
 
 def tail_cut(lengths: np.ndarray, capacity: int) -> float | None:
@@ -144,16 +150,18 @@ def tail_cut(lengths: np.ndarray, capacity: int) -> float | None:
 
 
 def consolidated_shards(
-    costs: JobCosts, lengths: np.ndarray, workers: int, replicas_per_worker: int, prompt_tokens: int
-) -> tuple[tuple[float, ...], float] | None:
-    """(main seconds per worker, tail seconds on one worker) with the long tail consolidated,
-    or None when consolidation frees nothing (one worker, or a rollout that fits the tail)."""
-    capacity = costs.tail_batch * replicas_per_worker
-    cut = tail_cut(lengths, capacity) if workers > 1 else None
+    costs: JobCosts, lengths: np.ndarray, replicas: int, prompt_tokens: int, tail_replicas: int | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """(main seconds per replica, tail seconds per tail replica) with the long tail consolidated
+    onto `tail_replicas` replicas, or None when that frees nothing (no more replicas than the
+    tail needs, or a rollout that fits the tail)."""
+    tail_replicas = tail_replicas or TAIL_REPLICAS
+    cut = tail_cut(lengths, costs.tail_batch * tail_replicas) if replicas > tail_replicas else None
     if cut is None or cut <= 0:
         return None
-    main = decode_shards(costs, np.minimum(lengths, cut), workers, replicas_per_worker)
+    main = decode_shards(costs, np.minimum(lengths, cut), replicas)
     rest = lengths[lengths > cut] - cut
-    reprefill = costs.prefill_token_s * (prompt_tokens + cut) * len(rest) / replicas_per_worker
-    tail = max(decode_shards(costs, rest, 1, replicas_per_worker)) + reprefill
-    return main, tail
+    reprefill = costs.prefill_token_s * (prompt_tokens + cut)
+    counts = np.bincount(np.arange(len(rest)) % tail_replicas, minlength=tail_replicas)
+    tail = np.asarray(decode_shards(costs, rest, tail_replicas)) + reprefill * counts
+    return main, tuple(tail.tolist())

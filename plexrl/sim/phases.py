@@ -8,10 +8,11 @@ A step of GRPO/DAPO, as its controller issues it:
   5) training update on the trainer state; 6) weight sync (trainer -> sampler weights).
 Old log-probs run on the trainer state, as verl's actor computes them; the sampler state is
 only used for generation, so split mode can keep it alone on the rollout pool.
-Device phases carry one duration per shard (one shard per worker: the call of that worker);
-the phase ends when every shard has finished. Idle phases carry one duration. With the long
-tail consolidated (PlexRL), each sample phase is followed by a `sample_tail` phase of a single
-shard, run by one of the sampler's workers (`latency.consolidated_shards`).
+Device phases carry one duration per shard and the GPUs each shard needs at once (its gang):
+a sample phase has one shard per replica (`tp` GPUs), the other phases one shard over all
+the state's GPUs (a collective). The phase ends when every shard has finished. Idle phases
+carry one duration. With the long tail consolidated (PlexRL), each sample phase is followed
+by a `sample_tail` phase of `TAIL_REPLICAS` replica shards (`latency.consolidated_shards`).
 
 Invariant: the draws depend only on (seed, job index) and the step order, never on the mode
 simulated, so colocated, split and PlexRL runs see the same response lengths and tool waits.
@@ -38,6 +39,7 @@ class Phase:
     state: str | None  # the model state it runs on; None for device-idle phases
     shard_s: tuple[float, ...] = ()  # device phases: seconds per shard
     idle_s: float = 0.0  # idle phases
+    shard_gpus: int = 1  # GPUs each shard occupies together (a replica, or all the state's GPUs)
 
 
 def states_of(job: Job) -> tuple[str, ...]:
@@ -88,27 +90,27 @@ def plan_step(
     job: Job,
     costs: JobCosts,
     draws: StepDraws,
-    rollout_shards: int,
-    train_shards: int,
-    replicas_per_worker: int,
+    rollout_gpus: int,
+    train_gpus: int,
     consolidate_tail: bool = False,
 ) -> list[Phase]:
-    """The phases of one step; `rollout_shards` workers sample, `train_shards` workers train."""
+    """The phases of one step; `rollout_gpus` GPUs sample (as replicas of `tp`), `train_gpus`
+    GPUs compute log-probs and train."""
     r = job.rollout
     phases: list[Phase] = []
-    lengths, tool_waits = draws.lengths, draws.tool_waits
-    shape = (costs, rollout_shards, replicas_per_worker, r.prompt_tokens if consolidate_tail else None)
-    phases += _rollout(lengths, r.turns, tool_waits, *shape)
-    tokens = float(lengths.sum()) + r.responses * r.prompt_tokens
+    shape = (costs, rollout_gpus // job.tp, job.tp, r.prompt_tokens if consolidate_tail else None)
+    phases += _rollout(draws.lengths, r.turns, draws.tool_waits, *shape)
+    tokens = float(draws.lengths.sum()) + r.responses * r.prompt_tokens
     if draws.refill is not None:
-        phases += _rollout(draws.refill, 1, tool_waits[:0], *shape)
+        phases += _rollout(draws.refill, 1, draws.tool_waits[:0], *shape)
     phases.append(Phase("reward", None, idle_s=job.reward_s * draws.reward_factor))
-    per_shard = tokens / train_shards
-    phases.append(Phase("logprobs", TRAINER, (costs.forward_token_s * per_shard,) * train_shards))
+    collective = lambda fn, state, s: Phase(fn, state, (s,), shard_gpus=train_gpus)
+    forward_s = costs.forward_token_s * tokens / train_gpus
+    phases.append(collective("logprobs", TRAINER, forward_s))
     if job.algorithm == "grpo":
-        phases.append(Phase("ref_logprobs", REF, (costs.forward_token_s * per_shard,) * train_shards))
-    phases.append(Phase("update", TRAINER, (costs.update_token_s * per_shard,) * train_shards))
-    phases.append(Phase("sync", TRAINER, (costs.weight_sync_s,) * train_shards))
+        phases.append(collective("ref_logprobs", REF, forward_s))
+    phases.append(collective("update", TRAINER, costs.update_token_s * tokens / train_gpus))
+    phases.append(collective("sync", TRAINER, costs.weight_sync_s))
     return phases
 
 
@@ -117,8 +119,8 @@ def _rollout(
     turns: int,
     tool_waits: np.ndarray,
     costs: JobCosts,
-    shards: int,
-    replicas_per_worker: int,
+    replicas: int,
+    tp: int,
     tail_prompt_tokens: int | None,
 ) -> list[Phase]:
     """`turns` sample phases; `tail_prompt_tokens` set means consolidate each turn's long tail
@@ -126,16 +128,22 @@ def _rollout(
     per_turn = lengths / turns
     split = None
     if tail_prompt_tokens is not None:
-        split = consolidated_shards(costs, per_turn, shards, replicas_per_worker, tail_prompt_tokens)
-    turn_phases = [Phase("sample", SAMPLER, decode_shards(costs, per_turn, shards, replicas_per_worker))]
+        split = consolidated_shards(costs, per_turn, replicas, tail_prompt_tokens)
+    turn_phases = [Phase("sample", SAMPLER, decode_shards(costs, per_turn, replicas), shard_gpus=tp)]
     if split is not None:
-        turn_phases = [Phase("sample", SAMPLER, split[0]), Phase("sample_tail", SAMPLER, (split[1],))]
+        turn_phases = [Phase("sample", SAMPLER, split[0], shard_gpus=tp),
+                       Phase("sample_tail", SAMPLER, split[1], shard_gpus=tp)]
     phases = []
     for turn in range(turns):
         phases += turn_phases
         if turn + 1 < turns:
             phases.append(Phase("tools", None, idle_s=float(tool_waits[turn])))
     return phases
+
+
+def gpu_seconds(phases: list[Phase]) -> float:
+    """Device time a step occupies when every state is resident: each shard x its gang."""
+    return sum(sum(p.shard_s) * p.shard_gpus for p in phases if p.state)
 
 
 def solo_step_s(phases: list[Phase]) -> float:

@@ -2,13 +2,15 @@
 
 Placement is the policy's: `plexrl.policy.Placer` (phase shift, the default) or `FirstFit`,
 fed the job's demand profile (`profiles.py`) through the policy's `AdmissionQueue`, which
-retries waiting jobs whenever a job ends. The placer's *devices* are our workers (gangs of
-`worker_gpus` GPUs) and its node groups are the cluster's. A job's state shards stay on the
-workers it was placed on (affinity: no migration). A placement's phase shift delays the job's
-first step by that much. Requests are scheduled per worker by the request policy, and a job is
-charged what it consumed: execution plus the switch-in its dispatches caused. Each rollout's
-long tail is consolidated onto one worker (`latency.consolidated_shards`), so the job's other
-workers go back to the queue instead of idling through it; `plexrl-wholetail` turns that off.
+retries waiting jobs whenever a job ends. The placer's *devices* are GPUs (our workers) and
+its node groups are the cluster's; each node group is one `Group` whose scheduler dispatches
+the requests of every job placed on it (`group.py`). A job's state shards stay on the GPUs it
+was placed on (affinity: no migration), laid out node by node so a replica's `tp` GPUs share
+a node whenever the placer gave the job whole replicas per node. A placement's phase shift
+delays the job's first step by that much. A job is charged what it consumed: execution plus
+the switch-in its dispatches caused, per GPU. Each rollout call is one replica, so GPUs come
+back as their replicas finish; and each rollout's long tail is consolidated onto
+`TAIL_REPLICAS` replicas (`latency.consolidated_shards`); `plexrl-wholetail` turns that off.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 from plexrl.policy.admission import AdmissionQueue
 from plexrl.policy.placement import FirstFit, Placement, Placer
 from plexrl.policy.resources import ResourceView
+from plexrl.sim.group import Group
+from plexrl.sim.latency import gpu_arena_bytes
 from plexrl.sim.phases import states_of
 from plexrl.sim.profiles import job_profile
 from plexrl.sim.runner import Mode
@@ -33,10 +37,25 @@ def resource_view(cluster: Cluster) -> ResourceView:
         pods=c.pods,
         groups_per_pod=c.nodes_per_pod // c.group_nodes,
         nodes_per_group=c.group_nodes,
-        devices_per_node=c.gpus_per_node // c.worker_gpus,
-        device_bytes=int(c.device.memory_gb * GB * c.device.usable_fraction * c.worker_gpus),
+        devices_per_node=c.gpus_per_node,
+        device_bytes=gpu_arena_bytes(c),
         host_bytes=int(c.host_memory_gb * GB),
     )
+
+
+def replica_order(devices: tuple[int, ...], gpus_per_node: int, tp: int) -> list[int]:
+    """The job's GPUs ordered so each run of `tp` is one replica: whole replicas node by node
+    first, then the leftovers (a replica that must span nodes, only when the placer split the
+    job unevenly over nodes)."""
+    by_node: dict[int, list[int]] = {}
+    for d in sorted(devices):
+        by_node.setdefault(d // gpus_per_node, []).append(d)
+    whole, rest = [], []
+    for gpus in by_node.values():
+        cut = len(gpus) - len(gpus) % tp
+        whole += gpus[:cut]
+        rest += gpus[cut:]
+    return whole + rest
 
 
 class PlexRLMode(Mode):
@@ -50,13 +69,14 @@ class PlexRLMode(Mode):
         view = resource_view(self.cluster)
         self.empty_view = resource_view(self.cluster)
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
+        for gid, g in enumerate(view.groups):
+            Group(gid, [self.workers[d] for d in g.devices])
         self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S))
         self.by_name: dict[str, SimJob] = {}
 
     def _arrive(self, job: SimJob) -> None:
         self.by_name[job.name] = job
-        profile = job_profile(job.spec, job.costs, job.seed, job.index, self.workers_of(job.spec), job.replicas_per_worker,
-                              job.consolidate_tail)
+        profile = job_profile(job.spec, job.costs, job.seed, job.index, job.consolidate_tail)
         if len(self.empty_view.feasible_groups(profile)) == 0:
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
@@ -71,7 +91,7 @@ class PlexRLMode(Mode):
             self._launch(self.by_name[admission.job], admission.placement)
 
     def _launch(self, job: SimJob, placement: Placement) -> None:
-        workers = [self.workers[d] for d in placement.devices]
+        workers = [self.workers[d] for d in replica_order(placement.devices, self.cluster.gpus_per_node, job.spec.tp)]
         for state in states_of(job.spec):
             self.attach(job, state, workers)
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)

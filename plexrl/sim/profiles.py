@@ -1,8 +1,8 @@
 """A job's demand profile for the placer, computed from the plan of its first step.
 
 The profile is the one a job brings with it (DESIGN §6: "profiled from its first steps or
-given"): how many of its workers are busy over one solo step, with every state resident, in
-`SLOTS` equal slots, and the bytes each of its states needs per worker.
+given"): how many of its GPUs are busy over one solo step, with every state resident, in
+`SLOTS` equal slots, and the bytes each of its states needs per GPU.
 """
 
 from __future__ import annotations
@@ -17,24 +17,25 @@ from plexrl.sim.workload import Job
 SLOTS = 64
 
 
-def busy_intervals(phases: list[Phase]) -> tuple[np.ndarray, np.ndarray, float]:
-    """(starts, ends, step length) of every shard of a solo step; phases run back to back."""
-    starts, ends, t = [], [], 0.0
+def busy_intervals(phases: list[Phase]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(starts, ends, GPUs, step length) of every shard of a solo step; phases run back to back."""
+    starts, ends, gpus, t = [], [], [], 0.0
     for p in phases:
         if p.state is None:
             t += p.idle_s
             continue
         starts += [t] * len(p.shard_s)
         ends += [t + s for s in p.shard_s]
+        gpus += [p.shard_gpus] * len(p.shard_s)
         t += max(p.shard_s)
-    return np.array(starts), np.array(ends), t
+    return np.array(starts), np.array(ends), np.array(gpus, dtype=float), t
 
 
 def demand_per_slot(phases: list[Phase], slots: int = SLOTS) -> tuple[np.ndarray, float]:
-    """(busy workers per slot, step period): exact averages of the busy intervals per slot."""
-    starts, ends, period = busy_intervals(phases)
+    """(busy GPUs per slot, step period): exact averages of the busy intervals per slot."""
+    starts, ends, gpus, period = busy_intervals(phases)
     edges = np.linspace(0.0, period, slots + 1)
-    busy_before = np.clip(edges[:, None] - starts[None, :], 0.0, (ends - starts)[None, :]).sum(axis=1)
+    busy_before = (np.clip(edges[:, None] - starts[None, :], 0.0, (ends - starts)[None, :]) * gpus[None, :]).sum(axis=1)
     return np.diff(busy_before) / np.diff(edges), period
 
 
@@ -43,11 +44,8 @@ def state_bytes(job: Job, costs: JobCosts) -> dict[str, int]:
     return {s: sizes[s] for s in states_of(job)}
 
 
-def job_profile(
-    job: Job, costs: JobCosts, seed: int, index: int, workers: int, replicas_per_worker: int,
-    consolidate_tail: bool = False,
-) -> JobProfile:
-    phases = plan_step(job, costs, first_step(job, seed, index), workers, workers, replicas_per_worker, consolidate_tail)
+def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_tail: bool = False) -> JobProfile:
+    phases = plan_step(job, costs, first_step(job, seed, index), job.gpus, job.gpus, consolidate_tail)
     demand, period = demand_per_slot(phases)
     models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
-    return JobProfile(job.name, period, tuple(np.minimum(demand, workers)), workers, models, job.slack)
+    return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack)

@@ -16,7 +16,8 @@ import numpy as np
 
 from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
-from plexrl.sim.latency import job_costs
+from plexrl.sim.group import Group
+from plexrl.sim.latency import gpu_arena_bytes, job_costs
 from plexrl.sim.service import Service, SimJob
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import GB, Cluster, Job, Workload
@@ -86,6 +87,7 @@ class Mode:
         self.waiting: list[SimJob] = []
         self.jobs: list[SimJob] = []
         self._next_wid = 0
+        self._next_gid = 0
 
     # --- to be provided by each mode -------------------------------------------------------------
     def place(self, job: SimJob) -> bool:
@@ -96,18 +98,24 @@ class Mode:
 
     # --- shared mechanics --------------------------------------------------------------------------
     def new_worker(self) -> SimWorker:
+        """One GPU: its arena, its share of its node's host memory and disk, its own host link."""
         c = self.cluster
-        wg = c.worker_gpus
         worker = SimWorker(
             wid=self._next_wid,
-            gpus=wg,
-            arena_bytes=int(c.device.memory_gb * GB * c.device.usable_fraction * wg),
-            host_bytes=int(c.host_memory_gb * GB * wg / c.gpus_per_node),
-            link_bytes_per_s=c.device.host_link_gb_s * GB * wg,
-            disk_bytes_per_s=c.disk_gb_s * GB * wg / c.gpus_per_node,
+            arena_bytes=gpu_arena_bytes(c),
+            host_bytes=int(c.host_memory_gb * GB / c.gpus_per_node),
+            link_bytes_per_s=c.device.host_link_gb_s * GB,
+            disk_bytes_per_s=c.disk_gb_s * GB / c.gpus_per_node,
         )
         self._next_wid += 1
         return worker
+
+    def new_group(self, gpus: int) -> list[SimWorker]:
+        """`gpus` fresh GPUs under one scheduler (a job's own GPUs in the baselines)."""
+        workers = [self.new_worker() for _ in range(gpus)]
+        Group(self._next_gid, workers)
+        self._next_gid += 1
+        return workers
 
     def attach(self, job: SimJob, state: str, workers: list[SimWorker]) -> None:
         nbytes = {"sampler": job.costs.sampler_bytes, "ref": job.costs.ref_bytes, "trainer": job.costs.trainer_bytes}[state]
@@ -118,9 +126,6 @@ class Mode:
     def costs_for(self, job: Job):
         return job_costs(job, self.cluster)
 
-    def workers_of(self, job: Job) -> int:
-        return job.gpus // self.cluster.worker_gpus
-
     def gpus_of(self, job: Job) -> int:
         """GPUs the mode gives the job (reserved by the baselines)."""
         return job.gpus
@@ -130,7 +135,7 @@ class Mode:
         for index, spec in enumerate(expand_jobs(self.workload)):
             self.cluster.check_job(spec)
             job = SimJob(spec, index, self.workload.seed, self.costs_for(spec), spec.arrival_s,
-                         self.cluster.worker_gpus // spec.tp, consolidate_tail=self.consolidates_tail)
+                         consolidate_tail=self.consolidates_tail)
             self.jobs.append(job)
             self.loop.at(spec.arrival_s, self._arrive, job)
         horizon = self.workload.horizon_s or float("inf")
@@ -158,7 +163,7 @@ class Mode:
         if self.charges_reserved:
             return self.gpus_of(job.spec) * ((job.finished if job.finished is not None else end) - job.started)
         usage = self.service.ledger.jobs.get(job.name)
-        return 0.0 if usage is None else usage.consumed_device_s * self.cluster.worker_gpus
+        return 0.0 if usage is None else usage.consumed_device_s
 
     def _result(self, end: float, wall_s: float) -> ModeResult:
         ledger = self.service.ledger
@@ -168,7 +173,7 @@ class Mode:
             records.append(JobRecord(
                 job.name, self.gpus_of(job.spec), job.arrival, job.started, job.finished, job.step,
                 list(job.step_times), self.charged_gpu_s(job, end),
-                0.0 if usage is None else usage.switch_s * self.cluster.worker_gpus, job.submitted, job.served,
+                0.0 if usage is None else usage.switch_s, job.submitted, job.served,
             ))
         s = self.service
         start, stop, gpus = (np.frombuffer(a, dtype=np.float64) for a in (s.busy_start, s.busy_end, s.busy_gpus))

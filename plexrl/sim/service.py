@@ -1,15 +1,19 @@
-"""The simulated service: job controllers issue calls, workers run them, the policy decides.
+"""The simulated service: job controllers issue calls, GPU groups run them, the policy decides.
 
 Every mode (colocated, split, PlexRL) runs on this one mechanism; modes differ only in which
-workers a job's states are placed on and in what the job is charged. The loop per call:
-  1) a controller submits one call per shard of its current phase, each pinned to the worker
-     that holds that shard of the state (affinity);
-  2) a free worker asks `plexrl.policy.choose` which ready call runs next (only when more than
-     one is ready: with one candidate every policy picks it), makes its state resident with
-     `plexrl.policy.plan_load`, and runs it non-preemptively: busy for switch + execution;
-  3) the `Ledger` charges the job the execution and the switch-in its dispatch caused;
-  4) when every shard of a phase is done the controller moves on (idle phases are timers).
+GPUs a job's states are placed on, how GPUs are grouped, and what the job is charged. Per call:
+  1) a controller submits one call per shard of its current phase, each pinned to its gang:
+     the GPUs that hold that shard of the state (affinity) — a replica for a rollout call, all
+     of the job's training GPUs for a collective;
+  2) the gang's `Group` picks the calls to start by the request policy (`group.py`); a call
+     with nothing to compete against starts at once, as under every policy;
+  3) each GPU of the gang makes the state resident with `plexrl.policy.plan_load`; the gang
+     starts together once the slowest GPU's switch is done, and runs non-preemptively;
+  4) the `Ledger` charges the job, per GPU, the execution and the switch-in its dispatch
+     caused (a GPU that waits in the gang for a slower GPU's switch is occupied too);
+  5) when every shard of a phase is done the controller moves on (idle phases are timers).
 Execution estimates for the priority are learned online (`ExecEstimator`), as in the runtime.
+Invariant (tested): per GPU, ledger busy time == the busy intervals recorded here.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
-from plexrl.policy import ExecEstimator, Ledger, Policy, choose
-from plexrl.policy.types import Tier
-from plexrl.sim.engine import EventLoop
-from plexrl.sim.latency import JobCosts
 import numpy as np
 
+from plexrl.policy import ExecEstimator, Ledger, Policy
+from plexrl.policy.types import Tier
+
+from plexrl.sim.engine import EventLoop
+from plexrl.sim.group import Group
+from plexrl.sim.latency import JobCosts
 from plexrl.sim.phases import Phase, StepDraws, draw_steps, job_rng, plan_step
 from plexrl.sim.worker import Request, SimWorker
 from plexrl.sim.workload import Job
@@ -38,8 +44,7 @@ class SimJob:
     seed: int
     costs: JobCosts
     arrival: float
-    replicas_per_worker: int
-    workers: dict[str, list[SimWorker]] = field(default_factory=dict)  # state -> one worker per shard
+    workers: dict[str, list[SimWorker]] = field(default_factory=dict)  # state -> its GPUs, replicas contiguous
     started: float | None = None
     finished: float | None = None
     step: int = 0
@@ -51,8 +56,9 @@ class SimJob:
     submitted: int = 0
     served: int = 0
     rng: np.random.Generator | None = None
-    consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on one worker
+    consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas
     draws: list[StepDraws] = field(default_factory=list)  # the next steps' draws, last step first
+    _units: dict[tuple[str, int], list[tuple[SimWorker, ...]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = job_rng(self.seed, self.index)
@@ -65,22 +71,25 @@ class SimJob:
         return f"{self.spec.name}/{state}"
 
     def next_phases(self) -> list[Phase]:
-        rollout = len(self.workers["sampler"])
-        train = len(self.workers["trainer"])
         if not self.draws:
             self.draws = draw_steps(self.spec, self.rng)[::-1]
-        return plan_step(self.spec, self.costs, self.draws.pop(), rollout, train, self.replicas_per_worker,
-                         self.consolidate_tail)
+        return plan_step(self.spec, self.costs, self.draws.pop(), len(self.workers["sampler"]),
+                         len(self.workers["trainer"]), self.consolidate_tail)
 
-    def shard_workers(self, phase: Phase) -> list[SimWorker]:
-        """The workers a phase's shards run on: all of its state's workers, or for a phase of
-        fewer shards (a consolidated tail), a window rotating with the step to spread the load."""
-        workers = self.workers[phase.state]
+    def gangs(self, phase: Phase) -> list[tuple[SimWorker, ...]]:
+        """The gang of each of a phase's shards: consecutive runs of `shard_gpus` of the state's
+        GPUs; a phase of fewer shards (a consolidated tail) takes a window of them that rotates
+        with the step, to spread the load."""
+        units = self._units.get((phase.state, phase.shard_gpus))
+        if units is None:
+            gpus, g = self.workers[phase.state], phase.shard_gpus
+            units = [tuple(gpus[i:i + g]) for i in range(0, len(gpus) - g + 1, g)]
+            self._units[(phase.state, phase.shard_gpus)] = units
         k = len(phase.shard_s)
-        if k == len(workers):
-            return workers
-        first = (self.step + self.phase_i) % len(workers)
-        return (workers[first:] + workers[:first])[:k]
+        if k == len(units):
+            return units
+        first = (self.step + self.phase_i) % len(units)
+        return (units[first:] + units[:first])[:k]
 
 
 class Service:
@@ -115,12 +124,7 @@ class Service:
                     self.loop.at(now + phase.idle_s, self._advance, job)
                     return
                 continue
-            sid = job.state_id(phase.state)
-            workers = job.shard_workers(phase)
-            job.outstanding = len(workers)
-            for worker, exec_s in zip(workers, phase.shard_s, strict=True):
-                self._submit(worker, Request(job.name, sid, phase.fn, exec_s, now, worker.gpus))
-            job.submitted += len(workers)
+            self._submit_phase(job, phase)
             return
         job.step_times.append(now - job.step_start)
         job.step += 1
@@ -130,61 +134,70 @@ class Service:
             job.finished = now
             self.on_job_done(job)
 
-    # --- workers ------------------------------------------------------------------------------
-    def _submit(self, worker: SimWorker, req: Request) -> None:
-        if not worker.busy and not len(worker.queue):
-            # fast path: an idle worker with nothing else ready runs the call at once, as every
-            # policy would; the ready queue and its estimates are only built when calls compete
-            self._run(worker, req)
-            return
-        sid = req.state_id
-        worker.waiting[sid] = req
-        resident = worker.wid if worker.states[sid].tier is DEVICE else -1
-        est = self.estimator.estimate(sid, req.fn)
-        worker.queue.add(sid, req.arrival, est, worker.load_estimate_s(sid), resident, self._seq)
-        self._seq += 1
-        if not worker.busy:
-            self._dispatch(worker)
+    # --- groups and GPUs ------------------------------------------------------------------------
+    def _submit_phase(self, job: SimJob, phase: Phase) -> None:
+        now, sid = self.loop.now, job.state_id(phase.state)
+        gangs = job.gangs(phase)
+        job.outstanding = len(gangs)
+        job.submitted += len(gangs)
+        queued: dict[int, Group] = {}  # insertion-ordered: determinism
+        for gang, exec_s in zip(gangs, phase.shard_s, strict=True):
+            req = Request(job.name, sid, phase.fn, exec_s, now, gang)
+            group = gang[0].group
+            if not len(group.queue) and all(not w.busy for w in gang):
+                self._run(req)  # nothing to compete with: every policy starts it
+                continue
+            group.add(self._seq, req, self.estimator.estimate(sid, phase.fn))
+            self._seq += 1
+            queued[group.gid] = group
+        for group in queued.values():
+            self._dispatch(group)
 
-    def _dispatch(self, worker: SimWorker) -> None:
-        queue = worker.queue
-        n = len(queue)
-        if n == 0:
-            return
-        sid = queue.key_at(0) if n == 1 else choose(self.policy, queue, worker.wid, worker.offload_estimate_s(), self.loop.now)
-        queue.remove(sid)
-        self._run(worker, worker.waiting.pop(sid))
+    def _dispatch(self, group: Group) -> None:
+        for req in group.select(self.policy, self.loop.now):
+            self._run(req)
 
-    def _run(self, worker: SimWorker, req: Request) -> None:
-        """Make the call's state resident, charge the job, and hold the worker until it ends."""
-        now = self.loop.now
-        sid = req.state_id
-        state = worker.states[sid]
-        switch_s = 0.0
-        if state.tier is not DEVICE:
-            for move in worker.make_resident(sid, now):
-                self.ledger.charge_transition(req.job, worker.wid, move.kind.value, move.nbytes, move.seconds)
-                switch_s += move.seconds
-        state.last_used = now
-        worker.current = sid
+    def _run(self, req: Request) -> None:
+        """Make the call's state resident on every GPU of its gang, charge the job, and hold
+        the gang until the call ends."""
+        now, sid, gang = self.loop.now, req.state_id, req.gang
+        switch = [self._switch_in(w, req, now) for w in gang]
+        switch_s = max(switch)
+        for w, own_s in zip(gang, switch):
+            if own_s < switch_s:  # held in the gang while a slower GPU switches
+                self.ledger.charge_transition(req.job, w.wid, "gang_wait", 0, switch_s - own_s)
+            self.ledger.charge_exec(req.job, w.wid, req.exec_s)
+            w.busy = True
+            w.current = sid
+            w.busy_s += switch_s + req.exec_s
+        gang[0].group.idle -= len(gang)
         self.ledger.record_wait(req.job, now - req.arrival)
-        self.ledger.charge_exec(req.job, worker.wid, req.exec_s)
         end = now + switch_s + req.exec_s
-        worker.busy = True
-        worker.busy_s += switch_s + req.exec_s
         self.busy_start.append(now)
         self.busy_end.append(end)
-        self.busy_gpus.append(worker.gpus)
-        self.loop.at(end, self._done, (worker, req))
+        self.busy_gpus.append(len(gang))
+        self.loop.at(end, self._done, req)
 
-    def _done(self, arg: tuple[SimWorker, Request]) -> None:
-        worker, req = arg
-        worker.busy = False
+    def _switch_in(self, worker: SimWorker, req: Request, now: float) -> float:
+        state = worker.states[req.state_id]
+        state.last_used = now
+        if state.tier is DEVICE:
+            return 0.0
+        seconds = 0.0
+        for move in worker.make_resident(req.state_id, now):
+            self.ledger.charge_transition(req.job, worker.wid, move.kind.value, move.nbytes, move.seconds)
+            seconds += move.seconds
+        return seconds
+
+    def _done(self, req: Request) -> None:
+        for w in req.gang:
+            w.busy = False
+        group = req.gang[0].group
+        group.idle += len(req.gang)
         self.estimator.observe(req.state_id, req.fn, req.exec_s)
         job = self.jobs_by_name[req.job]
         job.served += 1
         job.outstanding -= 1
         if job.outstanding == 0:
             self._advance(job)
-        if not worker.busy:
-            self._dispatch(worker)
+        self._dispatch(group)

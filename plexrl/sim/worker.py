@@ -1,4 +1,4 @@
-"""A simulated worker: one gang of `gpus` GPUs, its ready queue and the residency of its states.
+"""A simulated worker: one GPU and the residency of the state shards placed on it.
 
 The worker holds, per job placed on it, one shard of each of the job's model states. It keeps
 plain mutable records (fast to update on the hot path) and builds the policy's frozen
@@ -6,15 +6,16 @@ plain mutable records (fast to update on the hot path) and builds the policy's f
 `LoadPlan` that `plexrl.policy.plan_load` returns, transition by transition.
 
 Invariants (tested): the bytes resident in the arena never exceed its capacity; a request
-executes only after its state is DEVICE-resident; host bytes never exceed the host share
-(the worker's GPUs' share of their node's host memory) — beyond it, states spill to disk.
+executes only after its state is DEVICE-resident on every GPU of its gang; host bytes never
+exceed the host share (the GPU's share of its node's host memory) — beyond it, states spill
+to disk. `used` is always the sum of the DEVICE-resident bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plexrl.policy import BandwidthEstimator, NoFit, ReadyQueue, ResidencyView, StateInfo, Tier, plan_load
+from plexrl.policy import BandwidthEstimator, NoFit, ResidencyView, StateInfo, Tier, plan_load
 from plexrl.policy.types import TransitionKind
 
 DEVICE, HOST, DISK = Tier.DEVICE, Tier.HOST, Tier.DISK
@@ -38,32 +39,32 @@ class Move:
     seconds: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
-    """One function call of one job, pinned to one worker (the one holding its state shard)."""
+    """One function call of one job, pinned to its gang: the GPUs holding the shards it runs on
+    (affinity), all occupied together from dispatch to end."""
 
     job: str
     state_id: str
     fn: str
     exec_s: float
     arrival: float
-    gpus: int
+    gang: tuple["SimWorker", ...]
 
 
 @dataclass(eq=False)
 class SimWorker:
     wid: int
-    gpus: int
     arena_bytes: int
     host_bytes: int
-    link_bytes_per_s: float  # host<->device, the whole gang
-    disk_bytes_per_s: float
+    link_bytes_per_s: float  # host<->device of this GPU
+    disk_bytes_per_s: float  # this GPU's share of its node's disk
     states: dict[str, Resident] = field(default_factory=dict)
-    queue: ReadyQueue = field(default_factory=lambda: ReadyQueue(8))
-    waiting: dict[str, Request] = field(default_factory=dict)
     busy: bool = False
     current: str | None = None  # the state the last dispatch ran on (the paper's `curr`)
     busy_s: float = 0.0
+    used: int = 0  # DEVICE-resident bytes
+    group: object = None  # the `Group` whose scheduler dispatches onto this GPU
 
     def __post_init__(self) -> None:
         self.bandwidth = BandwidthEstimator(prior_bytes_per_s=self.link_bytes_per_s)
@@ -72,13 +73,15 @@ class SimWorker:
     def add_state(self, state_id: str, job: str, nbytes: int) -> None:
         if nbytes > self.arena_bytes:
             raise ValueError(
-                f"state {state_id} needs {nbytes / 1e9:.1f} GB per worker but a worker's arena holds "
+                f"state {state_id} needs {nbytes / 1e9:.1f} GB per GPU but a GPU's arena holds "
                 f"{self.arena_bytes / 1e9:.1f} GB; raise tp or dp"
             )
         self.states[state_id] = Resident(state_id, job, nbytes)
 
     def remove_job(self, job: str) -> None:
         for sid in [s for s, r in self.states.items() if r.job == job]:
+            if self.states[sid].tier is DEVICE:
+                self.used -= self.states[sid].nbytes
             del self.states[sid]
             if self.current == sid:
                 self.current = None
@@ -96,14 +99,13 @@ class SimWorker:
     def load_estimate_s(self, state_id: str) -> float:
         return self.bandwidth.seconds("load", self.states[state_id].nbytes)
 
-    def offload_estimate_s(self) -> float:
-        """T_offload of the current state: what a switch away from it costs (paper eq. 3)."""
-        cur = self.states.get(self.current) if self.current else None
-        return self.bandwidth.seconds("offload", cur.nbytes) if cur is not None and cur.tier is DEVICE else 0.0
+    def free_bytes(self) -> int:
+        """Arena bytes a load can use without offloading anything (T_offload is for the rest)."""
+        return self.arena_bytes - self.used
 
     # --- making a state resident ------------------------------------------------------------
     def view(self, now: float) -> ResidencyView:
-        pending = self.waiting
+        pending = self.pending()
         infos = {
             sid: StateInfo(
                 sid, r.job, r.nbytes, r.nbytes, r.tier,
@@ -114,13 +116,17 @@ class SimWorker:
         }
         return ResidencyView(infos, {self.wid: self.arena_bytes}, self.host_bytes)
 
+    def pending(self) -> set[str]:
+        """States with queued work on this GPU: the planner keeps them resident if it can."""
+        return self.group.pending_states(self) if self.group is not None else set()
+
     def make_resident(self, state_id: str, now: float) -> list[Move]:
         """Plan with the policy, apply the plan; returns the moves made, in order."""
         plan = plan_load(self.view(now), state_id, self.wid)
         if isinstance(plan, NoFit):
             raise RuntimeError(f"worker {self.wid}: {plan.reason}")
         moves = [self._apply(t.kind, t.state_id, t.offset) for t in plan.transitions]
-        if self.arena_used() > self.arena_bytes:
+        if self.used > self.arena_bytes:
             raise RuntimeError(f"worker {self.wid}: arena over budget after loading {state_id}")
         return moves
 
@@ -128,9 +134,11 @@ class SimWorker:
         r = self.states[state_id]
         if kind is TransitionKind.LOAD:
             r.tier, r.offset = DEVICE, offset
+            self.used += r.nbytes
             seconds = r.nbytes / self.link_bytes_per_s
         elif kind is TransitionKind.OFFLOAD:
             r.tier, r.offset = HOST, None
+            self.used -= r.nbytes
             seconds = r.nbytes / self.link_bytes_per_s
         elif kind is TransitionKind.SPILL:
             r.tier = DISK
@@ -141,6 +149,4 @@ class SimWorker:
         else:
             raise ValueError(f"transition kind {kind} is not applied by the simulator")
         self.bandwidth.observe(kind.value, r.nbytes, seconds)
-        if state_id in self.waiting:
-            self.queue.set_resident(state_id, self.wid if r.tier is DEVICE else -1)
         return Move(kind, state_id, r.nbytes, seconds)

@@ -45,7 +45,6 @@ class Cluster(Strict):
     nodes_per_pod: int = Field(32, ge=1)
     gpus_per_node: int = Field(8, ge=1)
     group_nodes: int = Field(1, ge=1, description="nodes per node group (PlexRL places jobs on groups)")
-    worker_gpus: int = Field(8, ge=1, description="GPUs per worker, the unit a request runs on (divides gpus_per_node)")
     host_memory_gb: float = Field(2048, gt=0, description="host memory per node")
     disk_gb_s: float = Field(5, gt=0, description="node-local disk bandwidth per node")
     device: Device = Device()
@@ -56,18 +55,17 @@ class Cluster(Strict):
             raise ValueError(
                 f"group_nodes = {self.group_nodes} must divide nodes_per_pod = {self.nodes_per_pod}"
             )
-        if self.gpus_per_node % self.worker_gpus:
-            raise ValueError(f"worker_gpus = {self.worker_gpus} must divide gpus_per_node = {self.gpus_per_node}")
         return self
 
     def check_job(self, job: "Job") -> None:
-        """A job runs on whole workers, and a model replica never spans two workers."""
-        if self.worker_gpus % job.tp:
-            raise ConfigError(f"job {job.name!r}: tp = {job.tp} must divide the cluster's worker_gpus = {self.worker_gpus}")
-        if job.gpus % self.worker_gpus:
+        """A model replica (tp GPUs) never spans two nodes, and a job fits one node group."""
+        if self.gpus_per_node % job.tp:
             raise ConfigError(
-                f"job {job.name!r}: tp * dp = {job.gpus} GPUs must be a multiple of the cluster's "
-                f"worker_gpus = {self.worker_gpus}"
+                f"job {job.name!r}: tp = {job.tp} must divide the cluster's gpus_per_node = {self.gpus_per_node}"
+            )
+        if job.gpus > self.group_gpus:
+            raise ConfigError(
+                f"job {job.name!r}: tp * dp = {job.gpus} GPUs exceed a node group of {self.group_gpus} GPUs"
             )
 
     @property
@@ -117,15 +115,15 @@ class Job(Strict):
     algorithm: Literal["grpo", "dapo"] = "grpo"
     params_b: float = Field(gt=0, description="total parameters, billions")
     active_params_b: float | None = Field(None, gt=0, description="active parameters (MoE); default = params_b")
-    tp: int = Field(1, ge=1, description="GPUs per model replica (divides the cluster's worker_gpus)")
-    dp: int = Field(8, ge=1, description="model replicas; GPUs = tp * dp, a multiple of worker_gpus")
+    tp: int = Field(1, ge=1, description="GPUs per model replica (divides the cluster's gpus_per_node)")
+    dp: int = Field(8, ge=1, description="model replicas; GPUs = tp * dp, within one node group")
     steps: int = Field(20, ge=1)
     arrival_s: float = Field(0.0, ge=0)
     arrival_every_s: float = Field(0.0, ge=0, description="copies arrive this far apart")
     slack: float = Field(0.10, ge=0, description="tolerated step-time slowdown (0.1 = 10%)")
     rollout: Rollout = Rollout()
     reward_s: float = Field(10.0, ge=0, description="device-idle reward/sandbox time per step")
-    kv_cache_fraction: float = Field(0.3, ge=0, lt=1, description="share of a worker's arena the sampler reserves for KV")
+    kv_cache_fraction: float = Field(0.3, ge=0, lt=1, description="share of a GPU's arena the sampler reserves for KV")
     weight_sync_s: float | None = Field(None, ge=0, description="default: interpolated from published 7B/30B/235B figures")
 
     @property
