@@ -1,0 +1,68 @@
+"""Host buffers in shared memory: the node owns them, its workers map them.
+
+A state's persistent host buffer is a file under a node-local shared-memory folder (/dev/shm when
+present) mapped with `torch.from_file(shared=True)`. The node's StateManager actor creates and
+frees the files; a worker process maps a buffer by path to copy between it and its arena. A
+worker that dies takes nothing with it but its arena: every host copy outlives it (that is what
+recovery restores from).
+
+Invariant: a buffer's file exists from `allocate` until `release`; paths are unique per node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+FLOAT_BYTES = 4
+
+
+def shm_root() -> Path:
+    """/dev/shm when the OS has it (RAM-backed), else the temp folder."""
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+def map_buffer(path: str | Path, nbytes: int) -> torch.Tensor:
+    """A float32 view of an existing shared buffer file (writes are seen by every process)."""
+    return torch.from_file(str(path), shared=True, size=nbytes // FLOAT_BYTES, dtype=torch.float32)
+
+
+class SharedHostBuffers:
+    """Allocates a node's host buffers as shared-memory files and remembers which file backs which tensor."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self._paths: dict[int, Path] = {}  # tensor data_ptr -> backing file
+        self._ids = itertools.count()
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"host-{next(self._ids)}.f32"
+        with open(path, "wb") as f:
+            os.ftruncate(f.fileno(), nbytes)
+        tensor = map_buffer(path, nbytes)
+        self._paths[tensor.data_ptr()] = path
+        return tensor
+
+    def path_of(self, tensor: torch.Tensor) -> Path:
+        try:
+            return self._paths[tensor.data_ptr()]
+        except KeyError:
+            raise KeyError(f"tensor at {tensor.data_ptr():#x} is not a shared host buffer of {self.folder}") from None
+
+    def release(self, tensor: torch.Tensor | None) -> None:
+        """Unlink the file; the memory goes once every process has dropped its mapping."""
+        if tensor is None:
+            return
+        path = self._paths.pop(tensor.data_ptr(), None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def release_all(self) -> None:
+        for path in self._paths.values():
+            path.unlink(missing_ok=True)
+        self._paths.clear()

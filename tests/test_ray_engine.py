@@ -1,0 +1,164 @@
+"""The Ray engine on one Ray node with 2 logical GPUs (plexrl/engines/ray_*.py).
+
+Invariants checked, as in tests/test_runtime_invariants.py but across processes:
+- transparency: a job multiplexed with another on Ray ends bitwise equal to the same job run
+  alone on the local engine (same seeds, one thread per device);
+- calls of one model run in submission order, whatever order Ray delivers them in;
+- a bad call fails through its future and the cluster carries on;
+- a worker killed mid-call fails that call with the retriable WorkerFailed, Ray restarts the
+  worker, the state is back to its last completed call, and the job continues.
+One Ray instance and one RayCluster for the module (Ray start-up dominates the cost).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+import plexrl
+from plexrl import errors
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+MiB = 1 << 20
+TIMEOUT_S = 120  # generous: two cores are shared with other test runs
+
+
+def datum(ids, **extra):
+    return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
+
+
+def rl_job(cluster, job, model_dir, seed, steps=2):
+    """Sample, score, importance-sampling update, weight sync: every function of the API."""
+    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed)
+    prompt = [5 + seed, 6, 7]
+    for step in range(steps):
+        sampler = trainer.save_weights_and_get_sampling_client()
+        out = sampler.sample(plexrl.ModelInput.from_ints(prompt), num_samples=3,
+                             sampling_params=plexrl.SamplingParams(max_tokens=5, seed=100 * seed + step)).result(TIMEOUT_S)
+        rewards = np.array([float(sum(s.tokens) % 7) for s in out.sequences])
+        data = []
+        for seq, adv in zip(out.sequences, rewards - rewards.mean()):
+            ids = prompt + seq.tokens
+            old = sampler.compute_logprobs(plexrl.ModelInput.from_ints(ids)).result(TIMEOUT_S)
+            advantages = np.zeros(len(ids) - 1, dtype=np.float32)
+            advantages[len(prompt) - 1:] = adv
+            data.append(datum(ids, logprobs=np.array(old[1:], dtype=np.float32), advantages=advantages))
+        trainer.forward_backward(data, loss_fn="importance_sampling").result(TIMEOUT_S)
+        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def ray_node():
+    ray.init(num_gpus=2, num_cpus=2, include_dashboard=False, object_store_memory=100 * MiB,
+             _temp_dir=tempfile.mkdtemp(prefix="/tmp/r"), log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trainer_bytes(tiny_model):
+    from plexrl.runtime.state import ModelState, load_module
+
+    return ModelState("x/p", "x", "p", load_module(tiny_model), True, tiny_model).device_bytes
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_node, trainer_bytes):
+    from plexrl.engines.ray_cluster import RayCluster
+
+    # Room for one trainer and one snapshot per device: two jobs must keep switching.
+    with RayCluster(devices_per_node=2, device_memory_bytes=trainer_bytes + trainer_bytes // 4 + 4096,
+                    host_memory_bytes=256 * MiB) as c:
+        yield c
+
+
+def test_every_function_end_to_end(cluster, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    trainer = cluster.service_client(job="api").create_training_client(base_model=tiny_model, seed=0)
+    ids = [5, 6, 7, 8, 9]
+    fb = trainer.forward_backward([datum(ids)], loss_fn="cross_entropy")
+    step = trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3))
+    assert fb.result(TIMEOUT_S).metrics["loss:sum"] > 0
+    assert step.result(TIMEOUT_S).metrics["step"] == 1.0
+    sampler = trainer.save_weights_and_get_sampling_client()
+    out = sampler.sample(plexrl.ModelInput.from_ints(ids), num_samples=2,
+                         sampling_params=plexrl.SamplingParams(max_tokens=4, seed=7)).result(TIMEOUT_S)
+    assert len(out.sequences) == 2 and all(1 <= len(s.tokens) <= 4 for s in out.sequences)
+    scored = sampler.compute_logprobs(plexrl.ModelInput.from_ints(ids)).result(TIMEOUT_S)
+    assert scored[0] is None and all(v < 0 for v in scored[1:])
+    saved = trainer.save_state("step-1").result(TIMEOUT_S)
+    reloaded = AutoModelForCausalLM.from_pretrained(saved.path)
+    flat = np.concatenate([p.detach().numpy().reshape(-1) for p in reloaded.parameters()])
+    np.testing.assert_array_equal(flat, cluster.fetch_weights(trainer.state))
+    metrics = cluster.metrics()
+    assert metrics["jobs"]["api"]["requests"] >= 5 and metrics["jobs"]["api"]["failed"] == 0
+    assert metrics["engine"] == "ray" and metrics["devices"] == 2
+
+
+def test_transparency_ray_multiplexed_equals_local_alone(cluster, tiny_model, trainer_bytes):
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as local:
+        solo = rl_job(local, "job-a", tiny_model, seed=1).state.flat_weights().numpy().copy()
+    switches_before = cluster.metrics()["switches"]
+    trainers = {}
+    threads = [threading.Thread(target=lambda j=j, s=s: trainers.__setitem__(j, rl_job(cluster, j, tiny_model, s)))
+               for j, s in (("job-a", 1), ("job-b", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S * 4)
+    assert cluster.metrics()["switches"] - switches_before > 4, "the budget was meant to force switches"
+    np.testing.assert_array_equal(cluster.fetch_weights(trainers["job-a"].state), solo,
+                                  err_msg="running on Ray (multiplexed) changed job-a's weights")
+    assert not np.array_equal(cluster.fetch_weights(trainers["job-b"].state), solo)
+
+
+def test_calls_of_one_model_run_in_submission_order(cluster, tiny_model):
+    trainer = cluster.service_client(job="order").create_training_client(base_model=tiny_model, seed=0)
+    futures = [trainer.optim_step(plexrl.AdamParams(learning_rate=1e-4)) for _ in range(12)]
+    steps = [f.result(TIMEOUT_S).metrics["step"] for f in futures]
+    assert steps == [float(i) for i in range(1, 13)]
+
+
+def test_bad_call_fails_through_its_future_and_the_cluster_carries_on(cluster, tiny_model):
+    trainer = cluster.service_client(job="bad").create_training_client(base_model=tiny_model, seed=0)
+
+    def broken_loss(datums, logprobs):
+        raise ArithmeticError("deliberately broken loss")
+
+    failed = trainer.forward_backward_custom([datum([5, 6, 7])], broken_loss)
+    with pytest.raises(errors.ExecutionError, match="deliberately broken loss"):
+        failed.result(TIMEOUT_S)
+    with pytest.raises(errors.InvalidInput, match="outside the vocabulary"):
+        trainer.forward_backward([datum([5, 6, 10**6])]).result(TIMEOUT_S)
+    assert trainer.forward_backward([datum([5, 6, 7])]).result(TIMEOUT_S).metrics["loss:sum"] > 0
+
+
+def test_worker_death_fails_the_call_and_the_job_continues(cluster, tiny_model):
+    """Runs last in this module: it kills a worker process (Ray restarts it)."""
+    trainer = cluster.service_client(job="crash").create_training_client(base_model=tiny_model, seed=0)
+    trainer.forward_backward([datum([5, 6, 7, 8])])
+    trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+    before = cluster.fetch_weights(trainer.state)
+    restarts = cluster.metrics()["recovery"]["worker_restarts"]
+
+    def dies_mid_call(datums, logprobs):
+        os._exit(1)  # the worker process ends inside forward_backward
+
+    with pytest.raises(errors.WorkerFailed) as failure:
+        trainer.forward_backward_custom([datum([5, 6, 7, 8])], dies_mid_call).result(TIMEOUT_S)
+    assert failure.value.retriable
+    np.testing.assert_array_equal(cluster.fetch_weights(trainer.state), before,
+                                  err_msg="the state is not back to its last completed call")
+    assert trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S).metrics["loss:sum"] > 0
+    assert trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S).metrics["step"] == 2.0
+    recovery = cluster.metrics()["recovery"]
+    assert recovery["worker_restarts"] == restarts + 1 and recovery["restored_states"] >= 1
+    assert any(e["event"] == "worker_failed" and e["job"] == "crash" for e in cluster.events())
