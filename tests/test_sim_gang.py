@@ -1,14 +1,19 @@
-"""Gang dispatch on a group of GPUs: exact timelines, reservation per policy, switch accounting.
+"""Gang dispatch on a group of GPUs: exact timelines, reservation and backfill per policy,
+switch accounting.
 
 Two GPUs g0, g1 in one group, every state resident unless a case says otherwise.
-  A (t=0) samples 10 s on g0.
+  A (t=0) samples 10 s on g0 (expected to end at 10: the estimator knows every duration).
   G (t=2) runs a 3 s collective over g0 and g1: it needs both, g0 is busy until 10.
-  D (t=3) runs 1 s on g1, which is idle.
-fcfs ranks G first: G claims g1 as well (reservation), so D waits: G [10,13], D [13,14].
-sjf ranks D (1 s) above G (3 s): D takes g1 at once, [3,4]; G still starts at 10.
-hrrn at t=3: G 1+1/3 = 1.33 > D 1+0/1 = 1, so G claims g1 and D waits; at t=10 (g0 frees)
-  D 1+7/1 = 8 > G 1+8/3 = 3.67, so D runs [10,11] and G [11,14].
-plexrl: every state is resident, so no switch term: as hrrn.
+  D (t=3) runs d s on g1, which is idle.
+d = 1 (backfill): D ends at 4, before G's expected start at 10, so every policy starts it at
+  once, [3,4]; G runs [10,13].
+d = 8 (no backfill: 3 + 8 > 10):
+  fcfs ranks G first: G claims g1, so D waits: G [10,13], D [13,21].
+  sjf ranks D (8 s) above G (3 s)? No: G is shorter; as fcfs.
+  hrrn at t=3: G 1+1/3 = 1.33 > D 1+0/8 = 1, so G claims g1 and D waits; at t=10 (g0
+    frees) G 1+8/3 = 3.67 > D 1+7/8 = 1.88: G [10,13], D [13,21].
+  plexrl: every state is resident, so no switch term: as hrrn.
+sjf with a 9 s collective: D (8 s) ranks first and starts at once, [3,11]; G [11,20].
 """
 
 from __future__ import annotations
@@ -48,36 +53,44 @@ def run(policy: Policy, jobs: list[tuple[ScriptedJob, list[SimWorker]]], residen
     return service
 
 
-def three_jobs():
+def three_jobs(d_s: float):
     g0, g1 = gpus(2)
     a = ScriptedJob("A", 0.0, [Phase("sample", "s", (10.0,))])
     g = ScriptedJob("G", 2.0, [Phase("update", "s", (3.0,), shard_gpus=2)])
-    d = ScriptedJob("D", 3.0, [Phase("sample", "s", (1.0,))])
+    d = ScriptedJob("D", 3.0, [Phase("sample", "s", (d_s,))])
     return [(a, [g0]), (g, [g0, g1]), (d, [g1])], (g0, g1)
 
 
-EXPECTED = {  # policy: {job: finished}
-    "fcfs": {"G": 13.0, "D": 14.0},
-    "sjf": {"G": 13.0, "D": 4.0},
-    "hrrn": {"G": 14.0, "D": 11.0},
-    "plexrl": {"G": 14.0, "D": 11.0},
-}
+CASES = [  # (D's seconds, policy, {job: finished})
+    *[(1.0, p, {"G": 13.0, "D": 4.0}) for p in ("fcfs", "sjf", "hrrn", "plexrl")],
+    *[(8.0, p, {"G": 13.0, "D": 21.0}) for p in ("fcfs", "sjf", "hrrn", "plexrl")],
+]
 
 
-@pytest.mark.parametrize("policy", list(EXPECTED), ids=list(EXPECTED))
-def test_gang_reservation_timeline_per_policy(policy):
-    jobs, (g0, g1) = three_jobs()
+@pytest.mark.parametrize("d_s,policy,expected", CASES, ids=[f"d{d:g}-{p}" for d, p, _ in CASES])
+def test_gang_reservation_and_backfill_timeline(d_s, policy, expected):
+    jobs, (g0, g1) = three_jobs(d_s)
     service = run(Policy(policy), jobs)
     finished = {job.name: job.finished for job, _ in jobs}
     assert finished["A"] == 10.0
-    for name, end in EXPECTED[policy].items():
+    for name, end in expected.items():
         assert finished[name] == pytest.approx(end), (policy, finished)
     ledger = service.ledger
     # the collective is charged on both GPUs; nothing is charged for g1's reserved idle time
     assert ledger.jobs["G"].consumed_device_s == pytest.approx(6.0)
-    assert dict(ledger.device_busy_s) == pytest.approx({0: 13.0, 1: 4.0})
-    assert (g0.busy_s, g1.busy_s) == (13.0, 4.0)
+    assert dict(ledger.device_busy_s) == pytest.approx({0: 13.0, 1: 3.0 + d_s})
+    assert (g0.busy_s, g1.busy_s) == (13.0, 3.0 + d_s)
     assert not g0.busy and not g1.busy and g0.group.idle == 2
+
+
+def test_sjf_ranks_a_short_call_above_the_collective():
+    """D (8 s) vs a 9 s collective: sjf starts D on idle g1 at once, fcfs holds g1 for G."""
+    g0, g1 = gpus(2)
+    a = ScriptedJob("A", 0.0, [Phase("sample", "s", (10.0,))])
+    g = ScriptedJob("G", 2.0, [Phase("update", "s", (9.0,), shard_gpus=2)])
+    d = ScriptedJob("D", 3.0, [Phase("sample", "s", (8.0,))])
+    run(Policy.SJF, [(a, [g0]), (g, [g0, g1]), (d, [g1])])
+    assert (d.finished, g.finished) == (11.0, 20.0)
 
 
 def test_gang_starts_together_after_the_slowest_switch():

@@ -7,14 +7,17 @@ or requests arrive, `select` decides which ready requests start:
      switch-aware priority a request's state counts as resident when it is DEVICE-resident on
      every GPU of its gang, and its T_offload is for the bytes its tightest GPU must free;
   2) walk the ranking: a request starts when every GPU of its gang is idle and unclaimed;
-     either way its GPUs are claimed, so no lower-ranked request takes them (conservative gang
+     either way its GPUs are claimed, so no lower-ranked request takes them (gang
      reservation: a collective is never starved by a stream of small requests, and one
-     scheduler per group cannot deadlock). A claimed GPU that idles is charged to nobody.
+     scheduler per group cannot deadlock) — except by backfill: a lower-ranked request whose
+     idle gang is claimed may start if, by the estimates, it ends before any claimer of its
+     GPUs is expected to start (EASY backfilling). A claimed GPU that idles is charged to nobody.
 With one ready request every policy picks it; the ranking is only computed when requests
 compete, which is where the policies differ.
 
 Invariants (tested): a GPU runs at most one request at a time; a request starts only with its
-whole gang; a request never starts on a GPU that a higher-ranked waiting request needs.
+whole gang; a request starts on a GPU that a higher-ranked waiting request needs only if it
+is expected to end before that request is expected to start.
 """
 
 from __future__ import annotations
@@ -55,25 +58,42 @@ class Group:
         if n == 0 or self.idle == 0:
             return []
         order = (0,) if n == 1 else self._ranking(policy, now)
-        claimed: set[int] = set()
-        claimed_idle, chosen = 0, []
+        deadline: dict[int, float] = {}  # claimed GPU -> when its claimer is expected to start
+        chosen: list[int] = []
+        taken = 0
         for slot in order:
             key = queue.key_at(int(slot))
-            gang = self.waiting[key].gang
-            startable = True
-            for w in gang:
-                if w.busy or w.wid in claimed:
-                    startable = False
-                if w.wid not in claimed:
-                    claimed.add(w.wid)
-                    claimed_idle += not w.busy
-            if startable:
+            req = self.waiting[key]
+            gang = req.gang
+            if any(w.busy for w in gang):
+                start = max(w.expected_end for w in gang if w.busy)
+                self._claim(gang, deadline, max(start, now))
+            elif all(w.wid not in deadline for w in gang) or self._fits_before(req, int(slot), deadline, now):
                 chosen.append(key)
-            if claimed_idle == self.idle:
-                break
+                self._claim(gang, deadline, now)  # taken: nobody else may use them in this pass
+                taken += len(gang)
+                if taken == self.idle:
+                    break
+            else:
+                self._claim(gang, deadline, now)  # waits for higher claimers: no backfill here
         for key in chosen:
             queue.remove(key)
         return [self.waiting.pop(key) for key in chosen]
+
+    @staticmethod
+    def _claim(gang: tuple[SimWorker, ...], deadline: dict[int, float], start: float) -> None:
+        for w in gang:
+            deadline.setdefault(w.wid, start)
+
+    def _fits_before(self, req: Request, slot: int, deadline: dict[int, float], now: float) -> bool:
+        """Backfill: an idle gang whose GPUs are claimed by higher-ranked requests may start if
+        it is expected to end before any of those claimers is expected to start (estimates
+        only: the claimers' running GPUs' expected ends and this request's service estimate)."""
+        service = self.queue.est[slot]
+        if not all(w.states[req.state_id].tier is DEVICE for w in req.gang):
+            service += self.queue.load_s[slot]
+        limit = min(deadline.get(w.wid, float("inf")) for w in req.gang)
+        return now + service <= limit
 
     def _ranking(self, policy: Policy, now: float) -> np.ndarray:
         queue, n = self.queue, len(self.queue)

@@ -163,11 +163,13 @@ class Service:
         now, sid, gang = self.loop.now, req.state_id, req.gang
         switch = [self._switch_in(w, req, now) for w in gang]
         switch_s = max(switch)
+        expected_end = now + switch_s + self.estimator.estimate(sid, req.fn)
         for w, own_s in zip(gang, switch):
             if own_s < switch_s:  # held in the gang while a slower GPU switches
                 self.ledger.charge_transition(req.job, w.wid, "gang_wait", 0, switch_s - own_s)
             self.ledger.charge_exec(req.job, w.wid, req.exec_s)
             w.busy = True
+            w.expected_end = expected_end
             w.current = sid
             w.busy_s += switch_s + req.exec_s
         gang[0].group.idle -= len(gang)

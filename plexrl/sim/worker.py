@@ -63,6 +63,7 @@ class SimWorker:
     busy: bool = False
     current: str | None = None  # the state the last dispatch ran on (the paper's `curr`)
     busy_s: float = 0.0
+    expected_end: float = 0.0  # when the running call is expected to end (estimates, for backfill)
     used: int = 0  # DEVICE-resident bytes
     group: object = None  # the `Group` whose scheduler dispatches onto this GPU
 
