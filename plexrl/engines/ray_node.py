@@ -305,6 +305,9 @@ class RayNode:
     def events(self) -> list[dict]:
         return self.telemetry.events.snapshot()
 
+    def where(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def state_ids(self) -> list[str]:
         with self.sm.lock:
             return sorted(self.sm.states)

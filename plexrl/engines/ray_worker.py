@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+import ray
 import torch
 
 from plexrl.engines import ray_functions
@@ -41,6 +42,10 @@ class DeviceWorker:
 
     def ping(self) -> int:
         return self.device
+
+    def where(self) -> str:
+        """The Ray node id this worker runs on (affinity checks)."""
+        return ray.get_runtime_context().get_node_id()
 
     # -- the one call the scheduler makes per request --------------------------------------------
     def run(self, steps: list[dict], fn: str, payload: dict, state_id: str, mutates: bool) -> dict[str, Any]:
