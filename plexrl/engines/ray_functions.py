@@ -56,6 +56,7 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], Callable[..., Any]]] = {
                                          LoadStateResponse(str(path)))[1],
     ),
     "read_weights": ((), _read_weights),
+    "noop": ((), lambda s: None),  # the whole request path and nothing else (benchmarks)
 }
 FUNCTIONS["forward"] = FUNCTIONS["forward_backward"]
 NODE_FUNCTIONS = {"sync_weights": ("name",)}  # run by the node's StateManager, not on a device

@@ -1,0 +1,98 @@
+"""What the Ray engine adds per request, next to the local engine and to bare Ray, measured in one run.
+
+- no-op overhead: submit -> driver -> node actor (group queue, policy) -> worker actor -> future,
+  on a resident state, awaited one at a time (latency) and pipelined (per request);
+- reference: a bare Ray actor method round trip, timed in the same run (the Ray engine makes two
+  hops per request: driver -> node, node -> worker);
+- recovery: from a worker's death mid-call to the job's next successful optimizer step.
+
+`python -m plexrl.engines.ray_bench [N]` prints the figures as JSON (starts a local Ray with 2 logical GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import ray
+
+import plexrl
+from plexrl import errors
+from plexrl.bench import dispatch
+
+
+class _Echo:
+    def noop(self) -> None:
+        return None
+
+
+def bare_actor_ms(n: int) -> float:
+    echo = ray.remote(_Echo).options(num_cpus=0).remote()
+    ray.get(echo.noop.remote())
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ray.get(echo.noop.remote())
+    elapsed = (time.perf_counter() - t0) / n
+    ray.kill(echo)
+    return elapsed * 1e3
+
+
+def noop_overhead_ms(cluster, state, n: int) -> tuple[float, float]:
+    cluster.submit(state, "noop", None).result()  # warm: the state is resident now
+    t0 = time.perf_counter()
+    for _ in range(n):
+        cluster.submit(state, "noop", None).result()
+    latency = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    futures = [cluster.submit(state, "noop", None) for _ in range(n)]
+    for future in futures:
+        future.result()
+    pipelined = (time.perf_counter() - t0) / n
+    return latency * 1e3, pipelined * 1e3
+
+
+def recovery_s(trainer, datum) -> float:
+    """Seconds from a worker's death (inside a call) to the job's next successful step."""
+
+    def dies(datums, logprobs):
+        os._exit(1)
+
+    failed = trainer.forward_backward_custom([datum], dies)
+    try:
+        failed.result()
+    except errors.WorkerFailed:
+        pass
+    died = time.perf_counter()  # the failure is known; the job retries its step now
+    trainer.forward_backward([datum]).result()
+    trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
+    return time.perf_counter() - died
+
+
+def run(model_dir: str, n: int = 200) -> dict:
+    from plexrl.engines.ray_cluster import RayCluster
+
+    with RayCluster(devices_per_node=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20) as cluster:
+        trainer = cluster.service_client(job="bench").create_training_client(base_model=model_dir)
+        latency, pipelined = noop_overhead_ms(cluster, trainer.state, n)
+        bare = bare_actor_ms(n)
+        datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
+        recovery = recovery_s(trainer, datum)
+    local_latency, local_pipelined = dispatch.noop_overhead_ms(n)
+    return {"requests": n, "ray_noop_latency_ms": latency, "ray_noop_pipelined_ms": pipelined,
+            "bare_ray_actor_roundtrip_ms": bare, "local_noop_latency_ms": local_latency,
+            "local_noop_pipelined_ms": local_pipelined, "worker_death_to_next_step_s": recovery}
+
+
+def main() -> None:
+    from plexrl.models.tiny import make_tiny_model
+
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    model = make_tiny_model(tempfile.mkdtemp(prefix="plexrl-bench-") + "/tiny", seed=0)
+    print(json.dumps(run(str(model), n), indent=2))
+
+
+if __name__ == "__main__":
+    main()
