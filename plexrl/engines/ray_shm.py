@@ -66,3 +66,5 @@ class SharedHostBuffers:
         for path in self._paths.values():
             path.unlink(missing_ok=True)
         self._paths.clear()
+        if self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()
