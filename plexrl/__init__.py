@@ -18,7 +18,7 @@ from plexrl.types import (
 
 __all__ = [
     "AdamParams", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "LoadStateResponse", "LocalCluster",
-    "ModelInput", "OptimStepResponse", "SampleResponse", "SampledSequence", "SamplingParams",
+    "ModelInput", "OptimStepResponse", "RayCluster", "SampleResponse", "SampledSequence", "SamplingParams",
     "SaveStateResponse", "TensorData", "errors",
 ]
 
@@ -29,6 +29,10 @@ def __getattr__(name: str):
         from plexrl.runtime.local_cluster import LocalCluster
 
         return LocalCluster
+    if name == "RayCluster":
+        from plexrl.engines.ray_cluster import RayCluster
+
+        return RayCluster
     if name in ("ServiceClient", "TrainingClient", "SamplingClient"):
         from plexrl import client
 

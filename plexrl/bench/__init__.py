@@ -9,6 +9,7 @@ BENCHES = {
     "switch": "plexrl.bench.switch",
     "dispatch": "plexrl.bench.dispatch",
     "placement": "plexrl.bench.placement",
+    "ray": "plexrl.engines.ray_bench",
 }
 
 

@@ -86,13 +86,21 @@ def run(model_dir: str, n: int = 200) -> dict:
             "local_noop_pipelined_ms": local_pipelined, "worker_death_to_next_step_s": recovery}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """`plexrl bench ray [--requests N] [--json]`."""
+    import argparse
+
+    from plexrl.bench.common import emit
     from plexrl.models.tiny import make_tiny_model
 
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    parser = argparse.ArgumentParser(prog="plexrl bench ray", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     model = make_tiny_model(tempfile.mkdtemp(prefix="plexrl-bench-") + "/tiny", seed=0)
-    print(json.dumps(run(str(model), n), indent=2))
+    emit("ray engine: per-request overhead and recovery", run(str(model), args.requests), args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
