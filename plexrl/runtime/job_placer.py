@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 from plexrl import errors
 from plexrl.policy import (
@@ -111,17 +112,20 @@ class JobPlacer:
             self._cond.notify_all()
 
     # -- online profiling -----------------------------------------------------------------------------
-    def on_step(self, job: str, events: list[dict], models: list[ModelMemory], now: float) -> Placement | None:
-        """Called at a job's step boundary. Returns a new placement when the job must move."""
+    def on_step(self, job: str, events: Callable[[], list[dict]], models: list[ModelMemory],
+                now: float) -> Placement | None:
+        """Called at a job's step boundary; every `profile_steps` steps the job's profile is
+        measured from `events()` (read only then: it is the whole log). Returns a new placement
+        when the job must move."""
         with self._cond:
             record = self.jobs.get(job)
             if record is None or record.placement is None or not models:
                 return None
             record.steps_seen += 1
-            if record.steps_seen < self.profile_steps:
+            if record.steps_seen % self.profile_steps:
                 return None
             try:
-                measured = profile_from_events(events, job, self.slot_s, models, slack=record.slack,
+                measured = profile_from_events(events(), job, self.slot_s, models, slack=record.slack,
                                                last_steps=self.profile_steps)
             except ValueError:
                 return None  # not enough step records to measure yet

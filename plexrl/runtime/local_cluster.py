@@ -237,7 +237,7 @@ class LocalCluster:
         the new placement's phase shift)."""
         now = self.telemetry.now()
         self.telemetry.events.emit(now, "step", job=job, step=step, **fields)
-        decision = self.placer.on_step(job, self.events(), self._memory_of(job), now)
+        decision = self.placer.on_step(job, self.events, self._memory_of(job), now)
         if decision is None:
             return
         group = self.placer.group_index(decision)
