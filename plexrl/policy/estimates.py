@@ -41,8 +41,15 @@ class ExecEstimator:
         return shared.get() if shared is not None else self.prior_s
 
     def observe(self, model: str, fn: str, seconds: float) -> None:
-        self._by_key.setdefault((model, fn), Ewma(self.prior_s)).update(seconds)
-        self._by_fn.setdefault(fn, Ewma(self.prior_s)).update(seconds)
+        # get-then-create: setdefault would build a throw-away Ewma on every call (a hot path)
+        own = self._by_key.get((model, fn))
+        if own is None:
+            own = self._by_key[(model, fn)] = Ewma(self.prior_s)
+        own.update(seconds)
+        shared = self._by_fn.get(fn)
+        if shared is None:
+            shared = self._by_fn[fn] = Ewma(self.prior_s)
+        shared.update(seconds)
 
 
 @dataclass
@@ -55,7 +62,10 @@ class BandwidthEstimator:
     def observe(self, kind: str, nbytes: int, seconds: float) -> None:
         if nbytes <= 0 or seconds <= 0:
             return
-        self._by_kind.setdefault(kind, Ewma(self.prior_bytes_per_s)).update(nbytes / seconds)
+        ewma = self._by_kind.get(kind)
+        if ewma is None:
+            ewma = self._by_kind[kind] = Ewma(self.prior_bytes_per_s)
+        ewma.update(nbytes / seconds)
 
     def bytes_per_s(self, kind: str) -> float:
         ewma = self._by_kind.get(kind)
