@@ -34,7 +34,7 @@ from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
 from plexrl.sim.phases import Phase, StepDraws, draw_steps, job_rng, plan_step
-from plexrl.sim.worker import Request, SimWorker
+from plexrl.sim.worker import KIND_NAME, Request, SimWorker
 from plexrl.sim.workload import Job
 
 DEVICE = Tier.DEVICE
@@ -201,7 +201,7 @@ class Service:
     def _load(self, worker: SimWorker, req: Request, now: float) -> float:
         seconds = 0.0
         for move in worker.make_resident(req.state_id, now):
-            self.ledger.charge_transition(req.job, worker.wid, move.kind.value, move.nbytes, move.seconds)
+            self.ledger.charge_transition(req.job, worker.wid, KIND_NAME[move.kind], move.nbytes, move.seconds)
             seconds += move.seconds
         return seconds
 

@@ -14,6 +14,7 @@ to disk. `used` is always the sum of the DEVICE-resident bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from plexrl.policy import BandwidthEstimator, NoFit, ResidencyView, StateInfo, Tier, plan_load
 from plexrl.policy.types import TransitionKind
@@ -31,12 +32,15 @@ class Resident:
         self.tier, self.offset, self.last_used = HOST, None, 0.0
 
 
-@dataclass(frozen=True)
-class Move:
+class Move(NamedTuple):  # a tuple: built on every transition (the hot path)
     kind: TransitionKind
     state_id: str
     nbytes: int
     seconds: float
+
+
+# `TransitionKind.value` goes through the enum's descriptor on every access; the hot path looks it up
+KIND_NAME = {kind: kind.value for kind in TransitionKind}
 
 
 @dataclass(slots=True, eq=False)
@@ -149,5 +153,5 @@ class SimWorker:
             seconds = r.nbytes / self.disk_bytes_per_s
         else:
             raise ValueError(f"transition kind {kind} is not applied by the simulator")
-        self.bandwidth.observe(kind.value, r.nbytes, seconds)
+        self.bandwidth.observe(KIND_NAME[kind], r.nbytes, seconds)
         return Move(kind, state_id, r.nbytes, seconds)
