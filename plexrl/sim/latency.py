@@ -136,8 +136,9 @@ def decode_shards(costs: JobCosts, lengths: np.ndarray, replicas: int) -> tuple[
     head = lengths[:n].reshape(replicas, -1)
     longest, total = head.max(axis=1, initial=0.0), head.sum(axis=1)
     rest = lengths[n:]
-    longest[: len(rest)] = np.maximum(longest[: len(rest)], rest)
-    total[: len(rest)] += rest
+    if len(rest):  # skipped when the block divides evenly: a few numpy calls per phase saved
+        longest[: len(rest)] = np.maximum(longest[: len(rest)], rest)
+        total[: len(rest)] += rest
     return tuple((costs.decode_step_s * longest + costs.decode_seq_s * total).tolist())
 
 
@@ -162,6 +163,7 @@ def consolidated_shards(
     main = decode_shards(costs, np.minimum(lengths, cut), replicas)
     rest = lengths[lengths > cut] - cut
     reprefill = costs.prefill_token_s * (prompt_tokens + cut)
-    counts = np.bincount(np.arange(len(rest)) % tail_replicas, minlength=tail_replicas)
+    counts = np.full(tail_replicas, len(rest) // tail_replicas)  # responses per tail replica, dealt round-robin
+    counts[: len(rest) % tail_replicas] += 1
     tail = np.asarray(decode_shards(costs, rest, tail_replicas)) + reprefill * counts
     return main, tuple(tail.tolist())
