@@ -165,7 +165,13 @@ class Service:
         """Make the call's state resident on every GPU of its gang, charge the job, and hold
         the gang until the call ends."""
         now, sid, gang, exec_s = self.loop.now, req.state_id, req.gang, req.exec_s
-        switch_s = self._switch_in(gang, req, now)
+        resident = True
+        for w in gang:
+            state = w.states[sid]
+            state.last_used = now
+            if state.tier is not DEVICE:
+                resident = False
+        switch_s = 0.0 if resident else self._switch_in(gang, req, now)  # resident everywhere: most calls
         expected_end = now + switch_s + self.estimator.estimate(sid, req.fn)
         charge_gang(self.ledger, req.job, gang, exec_s, now - req.arrival)
         for w in gang:
@@ -181,16 +187,10 @@ class Service:
         self.loop.at(end, self._done, req)
 
     def _switch_in(self, gang: tuple[SimWorker, ...], req: Request, now: float) -> float:
-        """Make `req`'s state resident on every GPU of the gang; charge each GPU's moves, and a GPU
-        held in the gang while a slower GPU switches its wait; returns the gang's switch seconds."""
-        sid, resident = req.state_id, True
-        for w in gang:
-            state = w.states[sid]
-            state.last_used = now
-            if state.tier is not DEVICE:
-                resident = False
-        if resident:  # resident everywhere: the common case, nothing to move or charge
-            return 0.0
+        """Make `req`'s state resident on every GPU of the gang where it is not; charge each GPU's
+        moves, and a GPU held in the gang while a slower GPU switches its wait; returns the
+        gang's switch seconds."""
+        sid = req.state_id
         switch = [self._load(w, req, now) if w.states[sid].tier is not DEVICE else 0.0 for w in gang]
         switch_s = max(switch)
         for w, own_s in zip(gang, switch):
