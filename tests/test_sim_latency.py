@@ -79,3 +79,24 @@ def test_qwen7b_on_32_h20_step_breakdown(fn, share, tol):
 @pytest.mark.parametrize("params,lo,hi", [(7, 0.1, 0.1), (30, 4, 16), (235, 24, 59)])
 def test_weight_sync_within_published_range(params, lo, hi):
     assert lo <= weight_sync_s(params) <= hi
+
+
+def lengths_reference(rollout: Rollout, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The mixture drawn plainly: a component per draw from the uniform, then mean + std * z."""
+    u = rng.random(n)
+    component = np.searchsorted(np.cumsum(rollout.length_weights)[:-1], u, side="right")
+    means = np.asarray(rollout.length_means) * rollout.length_scale
+    stds = np.asarray(rollout.length_stds) * rollout.length_scale
+    return np.clip(np.rint(means[component] + stds[component] * rng.standard_normal(n)), 1, rollout.max_tokens)
+
+
+@pytest.mark.parametrize("rollout", [
+    Rollout(),
+    Rollout(length_scale=0.25, max_tokens=4096),
+    Rollout(length_weights=(1.0,), length_means=(300.0,), length_stds=(500.0,), max_tokens=512),
+], ids=["paper-mixture", "scaled-and-capped", "one-component-clipped-both-ends"])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_sample_lengths_equal_the_plain_reference_bit_for_bit(rollout, seed):
+    got = sample_lengths(rollout, 5000, np.random.default_rng(seed))
+    want = lengths_reference(rollout, 5000, np.random.default_rng(seed))
+    assert got.dtype == want.dtype and np.array_equal(got, want)

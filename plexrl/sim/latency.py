@@ -125,8 +125,13 @@ def sample_lengths(rollout: Rollout, n: int, rng: np.random.Generator) -> np.nda
         component += u >= edge
     means = np.asarray(rollout.length_means) * rollout.length_scale
     stds = np.asarray(rollout.length_stds) * rollout.length_scale
-    lengths = means[component] + stds[component] * rng.standard_normal(n)
-    return np.clip(np.rint(lengths), 1, rollout.max_tokens)
+    # in place, in the order of `means + stds * z` (the same floats): tens of thousands of draws
+    # per block, so each temporary array saved is visible
+    lengths = stds.take(component)
+    lengths *= rng.standard_normal(n)
+    lengths += means.take(component)
+    np.rint(lengths, out=lengths)
+    return np.clip(lengths, 1, rollout.max_tokens, out=lengths)
 
 
 def decode_shards(costs: JobCosts, lengths: np.ndarray, replicas: int) -> tuple[float, ...]:
