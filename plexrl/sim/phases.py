@@ -129,8 +129,9 @@ def _rollout(
     split = None
     if tail_prompt_tokens is not None:
         split = consolidated_shards(costs, per_turn, replicas, tail_prompt_tokens)
-    turn_phases = [Phase("sample", SAMPLER, decode_shards(costs, per_turn, replicas), shard_gpus=tp)]
-    if split is not None:
+    if split is None:
+        turn_phases = [Phase("sample", SAMPLER, decode_shards(costs, per_turn, replicas), shard_gpus=tp)]
+    else:
         turn_phases = [Phase("sample", SAMPLER, split[0], shard_gpus=tp),
                        Phase("sample_tail", SAMPLER, split[1], shard_gpus=tp)]
     phases = []
