@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from plexrl import errors
 from plexrl.backends import execution, losses
-from plexrl.runtime import checkpoint
 from plexrl.runtime.futures import APIFuture
 from plexrl.runtime.state import ModelState
 from plexrl.types import (
@@ -77,17 +76,17 @@ class _ModelClient:
 
         return AutoTokenizer.from_pretrained(self.state.source)
 
-    def _submit(self, fn: str, run: Callable[[ModelState], Any], *, needs_device: bool = True,
-                mutates: bool = False, check: Callable[[], None] | None = None) -> APIFuture:
+    def _submit(self, fn: str, payload: dict[str, Any], check: Callable[[], None] | None = None) -> APIFuture:
+        """One call = (function name, payload); bad input fails here, before any engine sees it."""
         if check is not None:
             try:
                 check()
             except errors.PlexRLError as exc:
                 return APIFuture.failed(exc)
-        future = self.cluster.submit(self.state, fn, run, needs_device=needs_device, mutates=mutates)
+        future = self.cluster.submit(self.state, fn, payload)
         if future.done() and isinstance(future.exception(), errors.UnknownModel):
             # a sync retired the snapshot between resolving it and submitting: resolve again
-            future = self.cluster.submit(self.state, fn, run, needs_device=needs_device, mutates=mutates)
+            future = self.cluster.submit(self.state, fn, payload)
         return future
 
     def _next_seed(self, requested: int | None) -> int:
@@ -133,12 +132,9 @@ class SamplingClient(_ModelClient):
             vocab, positions = self.cluster.limits(self.state)
             execution.check_sample_request(tokens, num_samples, params, vocab, positions)
 
-        return self._submit(
-            "sample",
-            lambda s: execution.sample(s.module, tokens, num_samples, params, seed=seed, stop_token_ids=stop_ids,
-                                       include_prompt_logprobs=include_prompt_logprobs),
-            check=check,
-        )
+        payload = {"tokens": tokens, "num_samples": num_samples, "params": params, "seed": seed,
+                   "stop_ids": stop_ids, "include_prompt_logprobs": include_prompt_logprobs}
+        return self._submit("sample", payload, check)
 
     def compute_logprobs(self, prompt: ModelInput) -> APIFuture[list[float | None]]:
         tokens = prompt.to_ints()
@@ -148,7 +144,7 @@ class SamplingClient(_ModelClient):
             execution.check_length(len(tokens), positions, "compute_logprobs sequence")
             execution.check_tokens(tokens, vocab, "compute_logprobs sequence")
 
-        return self._submit("compute_logprobs", lambda s: execution.compute_logprobs(s.module, tokens), check=check)
+        return self._submit("compute_logprobs", {"tokens": tokens}, check)
 
 
 class TrainingClient(_ModelClient):
@@ -177,29 +173,17 @@ class TrainingClient(_ModelClient):
                 losses.resolve_config(loss, loss_fn_config)
                 losses.check_required_inputs(loss, data)
 
-        fn = "forward_backward" if backward else "forward"
-        return self._submit(
-            fn,
-            lambda s: execution.forward_backward(s.module, data, loss_fn, loss_fn_config, backward=backward),
-            mutates=backward,
-            check=check,
-        )
+        payload = {"data": data, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config, "backward": backward}
+        return self._submit("forward_backward" if backward else "forward", payload, check)
 
     def optim_step(self, adam_params: AdamParams | None = None) -> APIFuture[OptimStepResponse]:
         params = adam_params or AdamParams()
-        return self._submit(
-            "optim_step", lambda s: OptimStepResponse(checkpoint.adam_step(s, params)), mutates=True, check=params.validate
-        )
+        return self._submit("optim_step", {"params": params}, params.validate)
 
     def save_state(self, name: str, with_optimizer: bool = True) -> APIFuture[SaveStateResponse]:
         """Materialize a consistent snapshot to the checkpoint directory (residency unchanged)."""
         path = self.cluster.checkpoint_path(self.state, name)
-
-        def run(s: ModelState) -> SaveStateResponse:
-            self.cluster.materialize(s, lambda: checkpoint.save_state(s, path, with_optimizer))
-            return SaveStateResponse(str(path))
-
-        return self._submit("save_state", run, needs_device=False)
+        return self._submit("save_state", {"path": str(path), "with_optimizer": with_optimizer})
 
     def load_state(self, path: str | Path) -> APIFuture[LoadStateResponse]:
         """Weights from a checkpoint; optimizer moments restart from zero."""
@@ -213,15 +197,11 @@ class TrainingClient(_ModelClient):
             if not path.is_dir():
                 raise errors.ModelLoadError(f"checkpoint folder {str(path)!r} does not exist; expected a save_state path")
 
-        def run(s: ModelState) -> LoadStateResponse:
-            checkpoint.load_state(s, path, with_optimizer)
-            return LoadStateResponse(str(path))
-
-        return self._submit("load_state", run, needs_device=False, mutates=True, check=check)
+        return self._submit("load_state", {"path": str(path), "with_optimizer": with_optimizer}, check)
 
     def save_weights_for_sampler(self, name: str = "sampler") -> APIFuture[ModelState]:
         """Weight sync: the current weights become the weights of this model's sampler `name`."""
-        return self._submit("sync_weights", lambda s: self.cluster.sync_sampler(s, name), needs_device=False)
+        return self._submit("sync_weights", {"name": name})
 
     def save_weights_and_get_sampling_client(self, name: str = "sampler") -> SamplingClient:
         """Blocks until the weights are synced. Samplers of successive syncs draw from different

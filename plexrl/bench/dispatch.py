@@ -30,13 +30,13 @@ def noop_overhead_ms(n: int) -> tuple[float, float]:
         cluster.router.assign("bench", 0)
         cluster.state_managers[0].add(state)
         cluster.router.bind(state.state_id, 0)
-        cluster.submit(state, "noop", lambda s: None).result()  # warm: the state is now resident
+        cluster.submit(state, "noop", {}).result()  # warm: the state is now resident
         t0 = time.perf_counter()
         for _ in range(n):
-            cluster.submit(state, "noop", lambda s: None).result()
+            cluster.submit(state, "noop", {}).result()
         latency = (time.perf_counter() - t0) / n
         t0 = time.perf_counter()
-        futures = [cluster.submit(state, "noop", lambda s: None) for _ in range(n)]
+        futures = [cluster.submit(state, "noop", {}) for _ in range(n)]
         for f in futures:
             f.result()
         throughput = (time.perf_counter() - t0) / n

@@ -152,17 +152,20 @@ class RayCluster:
         self.router.bind(handle.state_id, group)
         return handle
 
-    def submit(self, state: StateHandle, fn: str, run, *, needs_device: bool = True, mutates: bool = False) -> APIFuture:
+    def submit(self, state: StateHandle, fn: str, payload: dict | None) -> APIFuture:
+        """Send one call (function name + payload, see runtime/functions.py) to the state's node."""
         if self._closed:
             return APIFuture.failed(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
         group = self.router.group_of(state.state_id)
         if group is None:
             return APIFuture.failed(errors.UnknownModel(
                 f"model {state.state_id!r} no longer exists on this cluster (a superseded sampler snapshot?)"))
-        try:
-            payload = ray_functions.payload_of(fn, run)
-        except errors.PlexRLError as exc:
-            return APIFuture.failed(exc)
+        if fn not in ray_functions.FUNCTIONS and fn not in ray_functions.NODE_FUNCTIONS:
+            return APIFuture.failed(errors.InvalidInput(
+                f"function {fn!r} is not served by the Ray engine; expected one of "
+                f"{sorted([*ray_functions.FUNCTIONS, *ray_functions.NODE_FUNCTIONS])}"))
+        payload = payload or {}
+        mutates = ray_functions.mutates(fn)
         future = APIFuture(next(self._ids))
         with self._lock:
             seq = self._seq[state.state_id]

@@ -28,6 +28,7 @@ from plexrl.client import ServiceClient
 from plexrl.policy import JobProfile, ModelMemory, Policy, ResourceView, Tier
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.events import EventLog
+from plexrl.runtime import checkpoint, functions
 from plexrl.runtime.futures import APIFuture
 from plexrl.runtime.job_placer import JobPlacer, provisional_profile
 from plexrl.runtime.router import Router
@@ -36,6 +37,7 @@ from plexrl.runtime.state import ModelState, load_module, skeleton_like
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
 from plexrl.runtime.worker import Worker
+from plexrl.types import SaveStateResponse
 
 MiB = 1 << 20
 
@@ -149,18 +151,31 @@ class LocalCluster:
         self.router.bind(state.state_id, group)
         return state
 
-    def submit(self, state: ModelState, fn: str, run: Callable[[ModelState], Any], *,
-               needs_device: bool = True, mutates: bool = False) -> APIFuture:
+    def submit(self, state: ModelState, fn: str, payload: dict[str, Any]) -> APIFuture:
+        """Queue one call (function name + payload, see runtime/functions.py) for `state`."""
         if self._closed:
             return APIFuture.failed(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
         if self.router.group_of(state.state_id) is None:
             return APIFuture.failed(errors.UnknownModel(
                 f"model {state.state_id!r} no longer exists on this cluster (a superseded sampler snapshot?)"))
+        function = functions.spec(fn)
         request_id = next(self._ids)
-        request = Request(request_id, state.job, state.state_id, fn, run, APIFuture(request_id),
-                          self.telemetry.now(), needs_device=needs_device, mutates=mutates, seq=request_id)
+        request = Request(request_id, state.job, state.state_id, fn, self._runner(fn, payload), APIFuture(request_id),
+                          self.telemetry.now(), needs_device=function.needs_device, mutates=function.mutates,
+                          seq=request_id)
         self.router.route(request)
         return request.future
+
+    def _runner(self, fn: str, payload: dict[str, Any]) -> Callable[[ModelState], Any]:
+        if fn == "save_state":
+            return lambda s: self._save_state(s, Path(payload["path"]), payload["with_optimizer"])
+        if fn == "sync_weights":
+            return lambda s: self.sync_sampler(s, payload["name"])
+        return lambda s: functions.execute(fn, s, payload)
+
+    def _save_state(self, state: ModelState, path: Path, with_optimizer: bool) -> SaveStateResponse:
+        self.materialize(state, lambda: checkpoint.save_state(state, path, with_optimizer))
+        return SaveStateResponse(str(path))
 
     def latest_sampler(self, trainer_id: str, name: str) -> ModelState | None:
         state_id = self.router.sampler(trainer_id, name)
