@@ -25,7 +25,7 @@ class TransitionKind(str, Enum):
     MATERIALIZE = "materialize"  # snapshot to DISK, residency unchanged
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Transition:
     kind: TransitionKind
     state_id: str
@@ -34,7 +34,7 @@ class Transition:
     offset: int | None = None  # arena offset of a LOAD
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StateInfo:
     """What the policy needs to know about one model state.
 
