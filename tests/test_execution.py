@@ -15,6 +15,7 @@ from plexrl import errors
 from plexrl.backends import execution, losses
 from plexrl.models import make_tiny_model
 from plexrl.types import Datum, ModelInput, SamplingParams
+from tests.helpers import datum
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -42,11 +43,6 @@ def arena_model(folder):
         p.grad = arena[offset: offset + p.numel()].view_as(p)
         offset += p.numel()
     return model, arena
-
-
-def datum(tokens, **inputs):
-    """Tinker convention: the model sees tokens[:-1] and predicts tokens[1:]."""
-    return Datum(ModelInput.from_ints(tokens[:-1]), {"target_tokens": tokens[1:], **inputs})
 
 
 BATCH = [datum([1, 5, 6, 14, 11, 18, 5, 13, 2]), datum([1, 7, 2]), datum([1, 9, 9, 16, 9, 18, 6, 2])]

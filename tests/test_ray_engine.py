@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import plexrl
+from tests.helpers import datum
 from plexrl import errors
 
 ray = pytest.importorskip("ray")
@@ -27,10 +28,6 @@ pytestmark = pytest.mark.ray
 
 MiB = 1 << 20
 TIMEOUT_S = 120  # generous: two cores are shared with other test runs
-
-
-def datum(ids, **extra):
-    return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
 
 
 def rl_job(cluster, job, model_dir, seed, steps=2):

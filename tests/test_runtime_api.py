@@ -11,13 +11,10 @@ import torch
 import transformers
 
 import plexrl
+from tests.helpers import datum
 from plexrl import errors
 
 MiB = 1 << 20
-
-
-def datum(ids, **extra):
-    return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
 
 
 @pytest.fixture(scope="module")

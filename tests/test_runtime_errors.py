@@ -8,14 +8,11 @@ import pytest
 import torch
 
 import plexrl
+from tests.helpers import datum
 from plexrl import errors
 from plexrl.runtime.checkpoint import adam_step
 
 MiB = 1 << 20
-
-
-def datum(ids, **extra):
-    return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
 
 
 @pytest.fixture(scope="module")

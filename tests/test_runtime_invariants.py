@@ -20,13 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import plexrl
+from tests.helpers import datum
 from plexrl import errors
 
 MiB = 1 << 20
-
-
-def datum(ids, **extra):
-    return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
 
 
 def rl_job(cluster, job, model_dir, seed, steps=3):

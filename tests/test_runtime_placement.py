@@ -12,7 +12,8 @@ import torch
 import plexrl
 from plexrl import errors
 from plexrl.policy import JobProfile, ModelMemory
-from tests.test_runtime_invariants import datum, rl_job
+from tests.helpers import datum
+from tests.test_runtime_invariants import rl_job
 
 MiB = 1 << 20
 
