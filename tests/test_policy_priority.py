@@ -18,9 +18,11 @@ def queue_of(rows):
     return q
 
 
-def reference_choose(policy, rows, device, free_bytes, offload_bps, now):
+def reference_choose(policy, rows, device, free_bytes, offload_bps, now, idle=()):
     best_key, best = None, None
     for seq, (key, arrival, est, load_s, resident_on, nbytes) in enumerate(rows):
+        if resident_on in idle and resident_on != device:
+            continue  # its own device is idle: it runs there, without moving
         if policy is Policy.FCFS:
             score = -arrival
         elif policy is Policy.SJF:
@@ -66,6 +68,23 @@ def test_hrrn_formula_matches_design():
     assert p[0] == pytest.approx(1 + 4.0 / (2.0 + 0.5 + 0.25))
 
 
+AFFINITY_CASES = {
+    # name: (rows, device, idle, expected)
+    "resident on an idle device: left to it": ([("a", 0.0, 1.0, 1.0, 1, 100), ("b", 5.0, 1.0, 1.0, -1, 100)], 0, {1}, "b"),
+    "resident on a busy device: taken": ([("a", 0.0, 1.0, 1.0, 1, 100), ("b", 5.0, 1.0, 1.0, -1, 100)], 0, set(), "a"),
+    "only requests of an idle device: nothing": ([("a", 0.0, 1.0, 1.0, 1, 100)], 0, {0, 1}, None),
+    "this device's own residents stay candidates": ([("a", 0.0, 1.0, 1.0, 0, 100)], 0, {0, 1}, "a"),
+}
+
+
+@pytest.mark.parametrize("name", AFFINITY_CASES)
+def test_affinity_leaves_requests_to_their_idle_device(name):
+    rows, device, idle, expected = AFFINITY_CASES[name]
+    q = queue_of(rows)
+    assert choose(Policy.FCFS, q, device, offload_estimate(q, 1000, 100.0), 10.0, idle) == expected
+    assert reference_choose(Policy.FCFS, rows, device, 1000, 100.0, 10.0, idle) == expected
+
+
 def test_empty_queue_chooses_nothing():
     assert choose(Policy.PLEXRL, ReadyQueue(), 0, 0.0, 0.0) is None
 
@@ -81,12 +100,15 @@ rows_strategy = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(rows=rows_strategy, policy=st.sampled_from(list(Policy)), device=st.integers(0, 2),
-       free=st.integers(0, 1000), now=st.floats(100, 200))
-def test_choose_matches_reference(rows, policy, device, free, now):
+       free=st.integers(0, 1000), now=st.floats(100, 200), idle=st.sets(st.integers(0, 2)))
+def test_choose_matches_reference(rows, policy, device, free, now, idle):
     keyed = [(i, *r) for i, r in enumerate(rows)]
     q = queue_of(keyed)
-    got = choose(policy, q, device, offload_estimate(q, free, 100.0), now)
-    want = reference_choose(policy, keyed, device, free, 100.0, now)
+    got = choose(policy, q, device, offload_estimate(q, free, 100.0), now, idle)
+    want = reference_choose(policy, keyed, device, free, 100.0, now, idle)
+    if want is None:
+        assert got is None
+        return
     scores = priorities(policy, q, device, offload_estimate(q, free, 100.0), now)
     # Equal up to float ties: the chosen key must score as high as the reference's.
     assert scores[q.keys().index(got)] >= scores[q.keys().index(want)] - 1e-9 * max(1.0, abs(scores.max()))

@@ -141,3 +141,16 @@ def test_a_sampler_follows_the_latest_sync_of_its_name(cluster, tiny_model):
     assert before[0] == before[1] == before[2], "calls made before the sync saw the old weights"
     after_old, after_new = old.compute_logprobs(prompt).result(), new.compute_logprobs(prompt).result()
     assert after_old == after_new != before[0]
+
+
+def test_a_lone_job_stays_on_the_device_that_holds_its_state(tmp_path, tiny_model):
+    """Two idle devices, one job calling one at a time: its state is loaded once and every call
+    runs where it is resident (affinity), instead of bouncing between the devices."""
+    with plexrl.LocalCluster(devices=2, device_memory_bytes=16 * MiB, host_memory_bytes=128 * MiB,
+                             workdir=tmp_path) as c:
+        trainer = c.service_client(job="lone").create_training_client(base_model=tiny_model, seed=0)
+        for _ in range(20):
+            trainer.forward_backward([datum([5, 6, 7, 8])], loss_fn="cross_entropy").result()
+        devices = {e["device"] for e in c.events() if e["event"] == "start" and e.get("fn") == "forward_backward"}
+        assert len(devices) == 1
+        assert c.metrics()["transitions"] == {"load": 1}

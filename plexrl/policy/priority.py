@@ -7,6 +7,10 @@ For request i and a device whose arena holds the states `resident`:
 `hrrn` is the same without the switch term, `sjf` takes the smallest E_i, `fcfs` the earliest
 arrival. Ties go to the earlier submission. Non-preemptive at function granularity.
 
+Affinity: a request whose state is resident on another device that is idle right now belongs to
+that device — taking it would move the state between devices (offload there, load here) to run
+what its own device can start at once. `choose(..., idle=...)` leaves such requests alone.
+
 Only the head request of each model is *ready* (calls of one model run in submission order),
 so candidates are few per model; the arrays are kept in a `ReadyQueue` so a decision over a
 thousand candidates is a handful of numpy operations, not a Python loop.
@@ -143,13 +147,23 @@ def priorities(
 
 
 def choose(
-    policy: Policy, queue: ReadyQueue, device: int, offload_s: "float | np.ndarray", now: float
+    policy: Policy, queue: ReadyQueue, device: int, offload_s: "float | np.ndarray", now: float,
+    idle: "frozenset[int] | set[int]" = frozenset(),
 ) -> object | None:
-    """The key of the request `device` should run next, or None when nothing is ready."""
+    """The key of the request `device` should run next, or None when nothing is ready for it.
+
+    `idle`: the other devices with nothing to run now; requests resident on one of them are left
+    to it (see Affinity above)."""
     n = len(queue)
     if n == 0:
         return None
     score = priorities(policy, queue, device, offload_s, now)
+    others = [d for d in idle if d != device]
+    if others:
+        elsewhere = np.isin(queue.resident_on[:n], others)
+        if elsewhere.all():
+            return None
+        score = np.where(elsewhere, -np.inf, score)
     best = np.flatnonzero(score == score.max())
     slot = best[0] if len(best) == 1 else best[np.argmin(queue.seq[:n][best])]
     return queue.key_at(int(slot))

@@ -61,6 +61,7 @@ class GroupScheduler:
         self._fifos: dict[str, deque[Request]] = {}
         self._ready = ReadyQueue()
         self._parked: set[str] = set()  # ready heads whose state is being moved by someone else
+        self._idle: set[int] = set()  # devices whose worker waits in next_for (affinity, see policy.choose)
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix=f"plexrl-io-g{group}")
         self._closed = False
         self._retiring: dict[str, Callable[[], None]] = {}
@@ -132,12 +133,16 @@ class GroupScheduler:
     def next_for(self, device: int) -> tuple[Request, LoadPlan] | None:
         """Block until `device` has something to run; None once the cluster closes."""
         with self._cond:
-            while not self._closed:
-                picked = self._pick(device)
-                if picked is not None:
-                    return picked
-                self._cond.wait(_RETRY_S if self._parked else None)
-            return None
+            self._idle.add(device)
+            try:
+                while not self._closed:
+                    picked = self._pick(device)
+                    if picked is not None:
+                        return picked
+                    self._cond.wait(_RETRY_S if self._parked else None)
+                return None
+            finally:
+                self._idle.discard(device)
 
     def _pick(self, device: int) -> tuple[Request, LoadPlan] | None:
         self._unpark()
@@ -145,7 +150,10 @@ class GroupScheduler:
             now = self.telemetry.now()
             free = self.sm.arenas[device].capacity_bytes - self.sm.resident_bytes(device)
             offload_s = offload_estimate(self._ready, free, self.telemetry.bytes_per_s("offload"))
-            state_id = choose(self.policy, self._ready, device, offload_s, now)
+            state_id = choose(self.policy, self._ready, device, offload_s, now, self._idle)
+            if state_id is None:  # every ready request belongs to another idle device: wake it
+                self._cond.notify_all()
+                return None
             request = self._fifos[state_id][0]
             if self.sm.states[state_id].busy:
                 self._park(state_id)
