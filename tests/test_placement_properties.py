@@ -3,6 +3,8 @@ never worse than no shift on the same group, and the same inputs give the same d
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,13 +96,23 @@ def test_placements_never_exceed_device_or_host_memory(view, ops):
 
 
 def zero_shift_score(placer: Placer, profile: JobProfile, group: str, now: float) -> float:
-    """Plain numpy: the group's load with the job started right now, overload summed."""
-    h = placer.horizon
+    """Plain numpy: the job started at the first slot boundary from now (what a shift of 0
+    means) on its best devices of `group` (every subset the node and host rules allow),
+    per-device overload summed."""
+    h, view = placer.horizon, placer.view
     h.advance(now)
-    row = placer.view.index[group]
-    mine = h.project(profile, now, h.origin, h.slots)
-    over = np.maximum(h.window(row) + mine - placer.view.capacity[row], 0.0)
-    return float(over.sum() * h.slot_s)
+    start = np.ceil(now / h.slot_s - 1e-9) * h.slot_s
+    share = h.project(profile, start, h.origin, h.slots) / profile.devices
+    node_of = {d: n for n, node in enumerate(view.nodes) for d in node.devices}
+    room = view.units_per_node(profile) * profile.replica_devices
+    best = np.inf
+    for subset in itertools.combinations(view.groups[view.index[group]].devices, profile.devices):
+        per_node = np.bincount([node_of[d] for d in subset], minlength=len(view.nodes))
+        if (per_node > room).any():
+            continue
+        over = sum(np.maximum(h.window(view.device_rows[d]) + share - 1.0, 0.0).sum() for d in subset)
+        best = min(best, float(over * h.slot_s))
+    return best
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,23 +1,26 @@
-"""The cyclic time horizon: projected device demand of every node group over [t, t+H).
+"""The cyclic time horizon: projected demand of every device over [t, t+H).
 
-One ring buffer per node group, stored as the rows of one (groups, H) array so the placer can
-score all groups with a few numpy operations. Slots have a fixed width `slot_s`; absolute slot
-a (covering [a * slot_s, (a + 1) * slot_s)) lives in column a % H while it is in the window.
-Moving time forward recomputes only the columns that fell out of the window (they now hold
-the slots that entered it), so the buffer never grows: space is H per group, whatever the
-number of jobs or how long they run.
+One ring buffer per row, stored as the rows of one (rows, H) array so the placer can score
+many rows with a few numpy operations. The placer's rows are devices: a job placed on n
+devices puts 1/n of its profile on each of them (its work spreads evenly over its devices), so
+a row's load is in busy devices and 1.0 is a full device. Slots have a fixed width `slot_s`;
+absolute slot a (covering [a * slot_s, (a + 1) * slot_s)) lives in column a % H while it is in
+the window. Moving time forward recomputes only the columns that fell out of the window (they
+now hold the slots that entered it), so the buffer never grows: space is H per row, whatever
+the number of jobs or how long they run.
 
 A placed job contributes its profile tiled from its anchor (its first step starts at
 `anchor_s`, later steps every `period_s`), averaged exactly over each slot. Jobs are assumed to
 be in steady state across the window; the runtime re-places a job whose profile drifts.
 
-Invariant (tested): every column equals the sum of the placed jobs' projections onto the
-absolute slot it holds, after any sequence of add, remove and advance.
+Invariant (tested): every column equals the sum of the placed jobs' shares of their
+projections onto the absolute slot it holds, after any sequence of add, remove and advance.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -25,15 +28,15 @@ from plexrl.policy.profile import JobProfile, average_demand
 
 
 class Horizon:
-    def __init__(self, groups: int, slots: int, slot_s: float):
-        if groups < 1 or slots < 1:
-            raise ValueError(f"a Horizon needs >= 1 group and >= 1 slot, got {groups} and {slots}")
+    def __init__(self, rows: int, slots: int, slot_s: float):
+        if rows < 1 or slots < 1:
+            raise ValueError(f"a Horizon needs >= 1 row and >= 1 slot, got {rows} and {slots}")
         if not slot_s > 0:
             raise ValueError(f"slot_s must be > 0 seconds, got {slot_s}")
         self.slots, self.slot_s = slots, float(slot_s)
-        self.load = np.zeros((groups, slots))
+        self.load = np.zeros((rows, slots))
         self.origin = 0  # absolute slot at the start of the window
-        self._jobs: dict[str, tuple[int, JobProfile, float]] = {}  # job -> (row, profile, anchor)
+        self._jobs: dict[str, tuple[tuple[int, ...], JobProfile, float]] = {}  # job -> (rows, profile, anchor)
         self._cumulative: dict[str, np.ndarray] = {}  # job -> its profile's cumulative busy time
         self._table: _JobTable | None = None  # flat copy of _jobs for advance; None when stale
 
@@ -63,36 +66,45 @@ class Horizon:
         if entered:
             self._recompute(first_slot=start + self.slots - entered, n=entered)
 
-    def add(self, job: str, row: int, profile: JobProfile, anchor_s: float) -> None:
+    def add(self, job: str, rows: int | Sequence[int], profile: JobProfile, anchor_s: float) -> None:
+        """Project `job` onto `rows` (one row, or the job's devices: each gets an equal share)."""
         if job in self._jobs:
             raise ValueError(f"job {job!r} is already on the horizon")
-        self._jobs[job] = (row, profile, anchor_s)
+        rows = (rows,) if isinstance(rows, (int, np.integer)) else tuple(int(r) for r in rows)
+        if not rows or len(set(rows)) != len(rows):
+            raise ValueError(f"job {job!r}: rows must be distinct and non-empty, got {rows}")
+        self._jobs[job] = (rows, profile, anchor_s)
         self._cumulative[job] = profile.cumulative()
         self._table = None
         cols = self.columns(self.origin, self.slots)
-        self.load[row, cols] += self.project(profile, anchor_s, self.origin, self.slots)
+        share = self.project(profile, anchor_s, self.origin, self.slots) / len(rows)
+        for row in rows:
+            self.load[row, cols] += share
 
     def remove(self, job: str) -> None:
-        """Take `job` off; its row is rebuilt from the remaining jobs (no subtraction residue)."""
-        row, _, _ = self._jobs.pop(job)
+        """Take `job` off; its rows are rebuilt from the remaining jobs (no subtraction residue)."""
+        rows, _, _ = self._jobs.pop(job)
         del self._cumulative[job]
         self._table = None
-        self.load[row] = 0.0
+        self.load[list(rows)] = 0.0
         cols = self.columns(self.origin, self.slots)
-        for other_row, profile, anchor in self._jobs.values():
-            if other_row == row:
-                self.load[row, cols] += self.project(profile, anchor, self.origin, self.slots)
+        for other_rows, profile, anchor in self._jobs.values():
+            common = [r for r in other_rows if r in rows]
+            if common:
+                share = self.project(profile, anchor, self.origin, self.slots) / len(other_rows)
+                for row in common:
+                    self.load[row, cols] += share
 
-    def jobs_on(self, row: int) -> list[tuple[str, JobProfile, float]]:
-        """(job, profile, anchor) of every job projected onto `row`, in the order they came."""
-        return [(job, p, anchor) for job, (r, p, anchor) in self._jobs.items() if r == row]
+    def jobs_on(self, row: int) -> list[tuple[str, JobProfile, float, tuple[int, ...]]]:
+        """(job, profile, anchor, rows) of every job with a share on `row`, in the order they came."""
+        return [(job, p, anchor, rows) for job, (rows, p, anchor) in self._jobs.items() if row in rows]
 
     def window(self, row: int) -> np.ndarray:
         """One group's load in time order, from the slot holding now."""
         return np.roll(self.load[row], -(self.origin % self.slots))
 
     def overload_s(self, capacity: np.ndarray) -> np.ndarray:
-        """Device-seconds of projected overload per group: sum of max(0, load - capacity) * slot."""
+        """Device-seconds of projected overload per row: sum of max(0, load - capacity) * slot."""
         return np.maximum(self.load - np.asarray(capacity)[:, None], 0.0).sum(axis=1) * self.slot_s
 
     def _recompute(self, first_slot: int, n: int) -> None:
@@ -116,14 +128,18 @@ class Horizon:
         steps, within = np.divmod(edges, t.period[:, None])
         x = t.offset[:, None] + within / t.period[:, None]
         busy = steps * t.per_step[:, None] + np.interp(x, t.xs, t.ys)
-        return t.rows, np.diff(busy, axis=1) / self.slot_s
+        per_job = np.diff(busy, axis=1) / self.slot_s
+        return t.rows, per_job[t.entry_job] * t.entry_share[:, None]
 
 
 class _JobTable:
-    """The placed jobs' profiles as flat arrays (see `Horizon._project_all`)."""
+    """The placed jobs' profiles as flat arrays (see `Horizon._project_all`); one entry per
+    (job, row) pair carries the row and the job's share."""
 
-    def __init__(self, jobs: list[tuple[int, JobProfile, float]], cumulative: list[np.ndarray]):
-        self.rows = np.array([row for row, _, _ in jobs], dtype=np.int64)
+    def __init__(self, jobs: list[tuple[tuple[int, ...], JobProfile, float]], cumulative: list[np.ndarray]):
+        self.rows = np.array([row for rows, _, _ in jobs for row in rows], dtype=np.int64)
+        self.entry_job = np.repeat(np.arange(len(jobs)), [len(rows) for rows, _, _ in jobs])
+        self.entry_share = np.concatenate([np.full(len(rows), 1.0 / len(rows)) for rows, _, _ in jobs])
         self.anchor = np.array([anchor for _, _, anchor in jobs])
         self.period = np.array([p.period_s for _, p, _ in jobs])
         self.offset = 2.0 * np.arange(len(jobs))

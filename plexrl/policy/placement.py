@@ -1,33 +1,46 @@
-"""Placement: which node group a job's models live on, and with what phase shift (DESIGN §6).
+"""Placement: which devices of which node group a job's models live on, and with what phase
+shift (DESIGN §6).
 
 `Placer.place(profile, now)` returns `Placement(group, phase_shift_s, score, devices,
 inflation)` or `Wait(reason)`, and commits a placement it returns; `release(job)` gives the
 room back. `decide` is the same decision without committing. Decisions are deterministic:
 the same placer state, profile and time give the same answer.
 
+Load is projected per device, not per group: a job runs on its own devices only, so two jobs
+whose busy phases collide slow each other down exactly when they share devices, however idle
+the rest of their group is. A job on n devices puts 1/n of its demand on each (the horizon's
+rows are devices, capacity 1.0 each).
+
 How a decision is made:
 1. memory: only groups where every model fits a device arena and the job's host buffers fit
    its nodes are considered (`ResourceView`, searched pod by pod);
-2. contention: for each such group g and each candidate phase shift phi (multiples of the
-   horizon slot inside one period, at most `max_shifts` of them),
-       score(g, phi) = sum over slots of max(0, load_g + shift(demand, phi) - capacity_g) * slot_s,
-   the device-time of projected overload. Only slots where load_g + max(demand) exceeds the
-   capacity can overload, so only those are evaluated, for all shifts at once (a gather from
-   one projection of the job, shifted by index);
-3. choice: lowest score; ties go to the group already carrying more load (packing keeps empty
-   groups for large jobs), then to the earlier group, then to the smaller shift;
-4. slack: the chosen placement's step inflation is estimated for the job and for every job
-   already on the group; the job waits when it would exceed its own slack or push a
-   co-tenant beyond theirs (only the best candidate is checked: no second-best search).
+2. contention: for each such group, each of its devices d and each candidate phase shift phi
+   (multiples of the horizon slot inside one period, at most `max_shifts` of them),
+       cost(d, phi) = sum over slots of max(0, load_d + shift(demand, phi) / n - 1) * slot_s,
+   the device-time of projected overload if the job used d. Only slots where load_d plus the
+   job's peak share exceeds 1 can overload, so only those are evaluated, for all shifts at
+   once (a gather from one projection of the job, shifted by index);
+3. devices: the group's score at phi is the least total cost of n devices, taken in whole
+   replicas per node (`replica_devices`) within each node's host room: per node the cheapest
+   devices first, then the cheapest replicas over the group's nodes (the greedy choice is
+   optimal: per node, cost grows with every replica added). Equal costs go to the device
+   carrying less projected load (spreading within a group), then the lower device;
+4. choice: lowest score; ties go to the group already carrying more load (packing keeps empty
+   groups for large jobs), then to the earlier group, then to the smaller shift. Groups are
+   visited in that tie order, so the first that scores 0 ends the search (exact);
+5. slack: the choice's step inflation is estimated for the job and for every job sharing a
+   device with it; the job waits when it would exceed its own slack or push a co-tenant
+   beyond theirs (only the best candidate is checked: no second-best search).
 
-Inflation model (ours): fluid processor sharing. In a slot where the group's demand L + d
-exceeds its capacity c, every busy device-demand progresses at c / (L + d), so the job's work
-in that slot takes (L + d) / c times as long: it stretches by overload / c. The job's step
-inflation is the mean stretch over its busy time, weighted by its demand:
-    inflation = sum_i d_i * overload_i / c  /  sum_i d_i.
+Inflation model (ours): fluid processor sharing per device. In a slot where a device's demand
+L + d exceeds 1, every busy share on it progresses at 1 / (L + d), so work there stretches by
+the overload. A job's step is as slow as its most contended device (its collectives and the
+end of its rollout wait for every device), so its inflation is the largest over its devices of
+    sum_i d_i * overload_i  /  sum_i d_i.
 First order: it ignores that a stretched phase moves the job's later phases.
 
-`FirstFit` is the baseline: the first memory-feasible group, no phase shift.
+`FirstFit` is the baseline: the first memory-feasible group, no phase shift, devices with the
+fewest jobs.
 """
 
 from __future__ import annotations
@@ -43,9 +56,9 @@ from plexrl.policy.profile import JobProfile
 from plexrl.policy.resources import ResourceView
 
 _TINY = 1e-9  # devices; overload below this is float residue, not contention
-_CHUNK_CELLS = 1 << 21  # bounds the (shifts x hot slots) scratch array to ~16 MB
-_BLOCK_GROUPS = 8  # hot groups scored per step of the pruned search
-_TIGHTEST = 8  # slots per group checked by the cheap can-it-reach-zero filter
+_CHUNK_CELLS = 1 << 21  # bounds the (shifts x hot cells) scratch array to ~16 MB
+_PROBES = 48  # hot columns sampled across the horizon for the cheap lower bound of a score
+_BOUND_BLOCK = 32  # groups bounded per vector pass
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,7 @@ class Placement:
 
     group: str
     phase_shift_s: float
-    score: float  # device-seconds of projected overload on the group over the horizon
+    score: float  # device-seconds of projected overload on the job's devices over the horizon
     devices: tuple[int, ...] = ()
     inflation: float = 0.0  # estimated step inflation of the job, a fraction
 
@@ -75,18 +88,27 @@ class _Placed:
     anchor_s: float
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    group: int
+    shift: int  # index into the decision's shifts
+    score: float
+    rows: tuple[int, ...]  # the job's device rows
+
+
 class Placer:
-    """Cluster-wide placement state: the view (memory committed), the horizon (projected load)
-    and the jobs placed. `max_shifts` bounds the candidate phase shifts per decision; a period
-    longer than that many slots is searched with a coarser stride."""
+    """Cluster-wide placement state: the view (memory committed), the horizon (projected load
+    per device) and the jobs placed. `max_shifts` bounds the candidate phase shifts per
+    decision; a period longer than that many slots is searched with a coarser stride."""
 
     def __init__(self, view: ResourceView, horizon_slots: int = 1024, slot_s: float = 1.0, max_shifts: int = 64):
         if max_shifts < 1:
             raise ValueError(f"max_shifts must be >= 1, got {max_shifts}")
         self.view = view
-        self.horizon = Horizon(len(view.groups), horizon_slots, slot_s)
+        self.horizon = Horizon(len(view.row_device), horizon_slots, slot_s)
         self.max_shifts = max_shifts
         self._placed: dict[str, _Placed] = {}
+        self._units: np.ndarray | None = None  # replicas per node, cached for one search
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -107,11 +129,9 @@ class Placer:
         # Jobs start on slot boundaries, so projections line up with the horizon's slots and
         # complementary jobs can be exactly disjoint; the wait for the boundary is part of the shift.
         aligned = math.ceil(now / self.horizon.slot_s - 1e-9) * self.horizon.slot_s
-        demand = self._shifted_demand(profile, aligned, shifts)
-        carried = self._carried(groups)
-        scores = self._scores(groups, demand, carried)
-        g, k = self._pick(scores, carried)
-        return self._judge(profile, int(groups[g]), int(shifts[k]), float(scores[g, k]), demand[k], aligned - now)
+        share = self._shifted_demand(profile, aligned, shifts) / profile.devices
+        best = self._search(groups, profile, share)
+        return self._judge(profile, best, int(shifts[best.shift]), share[best.shift], aligned - now)
 
     def commit(self, profile: JobProfile, placement: Placement, now: float) -> None:
         if len(placement.devices) != profile.devices:
@@ -149,7 +169,7 @@ class Placer:
 
     def overload_s(self) -> float:
         """Projected overload of the whole cluster over the horizon, in device-seconds."""
-        return float(self.horizon.overload_s(self.view.capacity).sum())
+        return float(self.horizon.overload_s(np.ones(len(self.horizon.load))).sum())
 
     # -- the steps of a decision ---------------------------------------------------------------
 
@@ -169,125 +189,191 @@ class Placer:
         by_time = sliding_window_view(extended, h.slots)[top - shifts]
         return by_time[:, h.positions()]
 
-    def _scores(self, groups: np.ndarray, demand: np.ndarray, carried: np.ndarray) -> np.ndarray:
-        """score[g, k]: overload device-seconds of `groups[g]` with the job shifted by shifts[k].
+    def _search(self, groups: np.ndarray, profile: JobProfile, share: np.ndarray) -> _Candidate:
+        """The best (group, shift, devices), visiting groups in tie order (most carried load
+        first, then topology order), so a group must score strictly less than the best so far.
 
-        Exact pruning: a group with no hot slot (one where load + the job's peak demand exceeds
-        capacity) scores 0 at every shift. Once some group is known to score 0, the only
-        groups that can still win are those carrying at least as much load that can also
-        reach 0; the others are left at +inf unscored. Hot groups are visited from the most
-        loaded down.
+        Exact pruning: a group with enough devices free of hot cells scores 0 at every shift
+        (`_all_cool`); once one is known, a group visited before it can only win by scoring 0.
+        A group whose lower bound (`_lower_bound`) cannot beat that is skipped unscored.
         """
-        hot = self._hot(groups, demand)
-        cool = ~hot.any(axis=1)
-        scores = np.full((len(groups), len(demand)), np.inf)
-        scores[cool] = 0.0
-        floor = carried[cool].max() if cool.any() else -np.inf
-        hot_rows = np.flatnonzero(~cool)
-        hot_rows = hot_rows[np.lexsort((hot_rows, -carried[hot_rows]))]
-        may_zero = self._may_reach_zero(groups[hot_rows], demand, hot[hot_rows])
-        for lo in range(0, len(hot_rows), _BLOCK_GROUPS):
-            block = hot_rows[lo: lo + _BLOCK_GROUPS]
-            if carried[block[0]] < floor:
-                break
-            if floor > -np.inf:
-                block = block[may_zero[lo: lo + _BLOCK_GROUPS] & (carried[block] >= floor)]
-            scores[block] = self._overload(groups[block], demand, hot[block])
-            zero = block[scores[block].min(axis=1) == 0]
-            if len(zero):
-                floor = max(floor, carried[zero].max())
-        return scores
+        self._units = self.view.units_per_node(profile)  # memory does not change during a search
+        try:
+            return self._visit(groups, profile, share)
+        finally:
+            self._units = None
 
-    def _may_reach_zero(self, groups: np.ndarray, demand: np.ndarray, hot: np.ndarray) -> np.ndarray:
-        """A necessary condition for a zero score, per group: some shift keeps the job within
-        the room left in each of the group's tightest slots. False means the group cannot
-        score 0 (a cell overloaded by more than a micro device-second would show in the
-        rounded score)."""
-        room = np.where(hot, self.view.capacity[groups][:, None] - self.horizon.load[groups], np.inf)
-        m = min(_TIGHTEST, room.shape[1])
-        tight = np.argpartition(room, m - 1, axis=1)[:, :m]
-        allowed = np.take_along_axis(room, tight, axis=1) + 1e-6 / self.horizon.slot_s
-        return (demand[:, tight] <= allowed[None]).all(axis=2).any(axis=0)
+    def _visit(self, groups: np.ndarray, profile: JobProfile, share: np.ndarray) -> _Candidate:
+        load, peak = self.horizon.load, share.max()
+        row_load = load.sum(axis=1)
+        cool_rows = load.max(axis=1) + peak <= 1.0 + _TINY  # no cell where the job could overload
+        all_cool = self._all_cool(cool_rows, profile)
+        zero_ahead = bool(all_cool[groups].any())
+        order = groups[np.lexsort((groups, -self._carried(groups, row_load)))]
+        best: _Candidate | None = None
+        for lo_g in range(0, len(order), _BOUND_BLOCK):
+            block = [int(g) for g in order[lo_g: lo_g + _BOUND_BLOCK]]
+            cut = next((i for i, g in enumerate(block) if all_cool[g]), len(block))
+            bounds = self._lower_bounds(block[:cut], share, profile)
+            for g, bound in zip(block[:cut], bounds):
+                if (zero_ahead and bound > 0.0) or (best is not None and bound >= best.score):
+                    continue
+                lo, hi = self.view.group_rows[g]
+                costs = self._device_costs(lo, share, load[lo:hi] + peak > 1.0 + _TINY)
+                scores = self._group_scores(g, costs, profile)
+                k = int(np.argmin(scores))
+                if best is None or scores[k] < best.score:
+                    best = _Candidate(g, k, float(scores[k]), self._choose(g, costs[:, k], profile))
+                if best.score == 0.0:
+                    return best
+            if cut < len(block):
+                g = block[cut]
+                lo, hi = self.view.group_rows[g]
+                return _Candidate(g, 0, 0.0, self._choose(g, np.zeros(hi - lo), profile))
+        return best
 
-    def _hot(self, groups: np.ndarray, demand: np.ndarray) -> np.ndarray:
-        peak = demand.max()
-        return self.horizon.load[groups] + peak > self.view.capacity[groups][:, None] + _TINY
+    def _all_cool(self, cool_rows: np.ndarray, profile: JobProfile) -> np.ndarray:
+        """Per group: its nodes have enough whole replicas of devices without a hot cell (within
+        host room), so the job scores 0 there at every shift."""
+        starts = [a for a, _ in self.view.node_rows]
+        cool = np.add.reduceat(cool_rows.astype(np.int64), starts) // profile.replica_devices
+        units = np.minimum(cool, self._units) * profile.replica_devices
+        return np.add.reduceat(units, self.view.group_first_node) >= profile.devices
 
-    def _overload(self, groups: np.ndarray, demand: np.ndarray, hot: np.ndarray) -> np.ndarray:
-        """Scores of a few groups for all shifts at once, from their hot slots only (the others
-        cannot overload at any shift)."""
-        scores = np.zeros((len(groups), len(demand)))
+    def _lower_bounds(self, groups: list[int], share: np.ndarray, profile: JobProfile) -> np.ndarray:
+        """A lower bound of each group's best score over all shifts: each device's overload on
+        up to `_PROBES` of the groups' hot columns, spread evenly over the horizon, then the
+        job's cheapest devices per group, ignoring nodes. Spread samples refute a zero score
+        about as well as every cell does when periods differ; either way the bound prunes
+        exactly. One vector pass for all `groups`."""
+        if not groups:
+            return np.zeros(0)
+        spans = [self.view.group_rows[g] for g in groups]
+        rows = np.concatenate([np.arange(a, b) for a, b in spans])
+        load = self.horizon.load[rows]
+        hot = load + share.max() > 1.0 + _TINY
+        cols = np.flatnonzero(hot.any(axis=0))
+        cols = cols[:: max(1, len(cols) // _PROBES)]
+        room = np.where(hot[:, cols], 1.0 - load[:, cols], np.inf)
+        over = share[:, None, cols] - room[None]  # (shifts, rows, probes)
+        per_row = np.maximum(over, 0.0, out=over).sum(axis=2) * self.horizon.slot_s
+        # per group, the job's `devices` cheapest rows at each shift (groups padded with +inf)
+        width = max(b - a for a, b in spans)
+        padded = np.full((len(share), len(groups), width), np.inf)
+        where = np.concatenate([i * width + np.arange(b - a) for i, (a, b) in enumerate(spans)])
+        padded.reshape(len(share), -1)[:, where] = per_row
+        need = profile.devices
+        cheapest = np.partition(padded, need - 1, axis=2)[:, :, :need].sum(axis=2).min(axis=0)
+        # rounded like the scores; a micro device-second less leaves room for their rounding
+        return np.round(cheapest - 1e-6, 6)
+
+    def _device_costs(self, first_row: int, share: np.ndarray, hot: np.ndarray) -> np.ndarray:
+        """cost[d, k]: overload device-seconds on row first_row + d with the job's share shifted
+        by shifts[k], from hot cells only (the others cannot overload at any shift)."""
+        costs = np.zeros((len(hot), len(share)))
         rows, cols = np.nonzero(hot)
         if len(rows) == 0:
-            return scores
-        base = self.horizon.load[groups[rows], cols] - self.view.capacity[groups[rows]]
+            return costs
+        base = self.horizon.load[first_row + rows, cols] - 1.0
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         per_chunk = max(1, _CHUNK_CELLS // len(rows))
-        for lo in range(0, len(demand), per_chunk):
-            over = np.take(demand[lo: lo + per_chunk], cols, axis=1)
+        for lo in range(0, len(share), per_chunk):
+            over = np.take(share[lo: lo + per_chunk], cols, axis=1)
             over += base
             np.maximum(over, 0.0, out=over)
-            scores[rows[starts], lo: lo + len(over)] = np.add.reduceat(over, starts, axis=1).T
+            costs[rows[starts], lo: lo + len(over)] = np.add.reduceat(over, starts, axis=1).T
         # rounding to a micro device-second turns float residue into exact zeros and ties
-        return np.round(scores * self.horizon.slot_s, 6)
+        return np.round(costs * self.horizon.slot_s, 6)
 
-    def _carried(self, groups: np.ndarray) -> np.ndarray:
+    def _group_scores(self, group: int, costs: np.ndarray, profile: JobProfile) -> np.ndarray:
+        """score[k]: the least total cost of the job's devices in `group` at shift k, in whole
+        replicas per node within each node's host room (see the module docstring, step 3)."""
+        size, lo = profile.replica_devices, self.view.group_rows[group][0]
+        units = []
+        for node, cap in self._node_units(group, profile):
+            a, b = self.view.node_rows[node]
+            ordered = np.sort(costs[a - lo: b - lo], axis=0)[: cap * size]
+            units.append(ordered.reshape(cap, size, -1).sum(axis=1))
+        units = np.concatenate(units)
+        need = profile.devices // size
+        return np.round(np.partition(units, need - 1, axis=0)[:need].sum(axis=0), 6)
+
+    def _choose(self, group: int, cost: np.ndarray, profile: JobProfile) -> tuple[int, ...]:
+        """The job's device rows in `group` for one shift's per-device `cost`: the choice
+        `_group_scores` scored, equal costs going to less carried load, then the lower row."""
+        size, lo = profile.replica_devices, self.view.group_rows[group][0]
+        carried = np.round(self.horizon.load[lo: self.view.group_rows[group][1]].sum(axis=1), 6)
+        units = []  # (cost, carried, first row, rows)
+        for node, cap in self._node_units(group, profile):
+            a, b = self.view.node_rows[node]
+            ordered = sorted(range(a - lo, b - lo), key=lambda d: (cost[d], carried[d], d))[: cap * size]
+            for i in range(0, len(ordered), size):
+                unit = ordered[i: i + size]
+                units.append((sum(cost[unit]), sum(carried[unit]), unit[0], unit))
+        units.sort(key=lambda u: u[:3])
+        return tuple(sorted(lo + d for u in units[: profile.devices // size] for d in u[3]))
+
+    def _node_units(self, group: int, profile: JobProfile) -> list[tuple[int, int]]:
+        """(node, replicas it can take) for the group's nodes that can take any."""
+        first = int(self.view.group_first_node[group])
+        units = self._units if self._units is not None else self.view.units_per_node(profile)
+        return [(n, int(units[n])) for n in range(first, first + len(self.view.groups[group].nodes)) if units[n] > 0]
+
+    def _carried(self, groups: np.ndarray, row_load: np.ndarray) -> np.ndarray:
         """Projected demand already on each group (rounded so float residue cannot break ties)."""
-        return np.round(self.horizon.load[groups].sum(axis=1), 6)
+        bounds = np.array([self.view.group_rows[g] for g in groups])
+        per_row = np.concatenate(([0.0], np.cumsum(row_load)))
+        return np.round(per_row[bounds[:, 1]] - per_row[bounds[:, 0]], 6)
 
-    def _pick(self, scores: np.ndarray, carried: np.ndarray) -> tuple[int, int]:
-        """(row, shift index) of the best candidate: lowest score, then most carried load, then
-        the earlier group, then the smaller shift (see the module docstring)."""
-        rows, shifts = np.nonzero(scores == scores.min())
-        best = np.lexsort((shifts, rows, -carried[rows]))[0]
-        return int(rows[best]), int(shifts[best])
-
-    def _judge(self, profile: JobProfile, group: int, shift: int, score: float, demand: np.ndarray,
+    def _judge(self, profile: JobProfile, best: _Candidate, shift: int, share: np.ndarray,
                align_s: float = 0.0) -> Placement | Wait:
         h = self.horizon
-        inflation = step_inflation(h.load[group], demand, self.view.capacity[group])
-        name = self.view.groups[group].name
+        rows = list(best.rows)
+        inflation = max(step_inflation(h.load[r], share, 1.0) for r in rows)
+        name = self.view.groups[best.group].name
+        where = (f"even the best placement (group {name!r}, phase shift {shift * h.slot_s:g} s) projects "
+                 f"{best.score:.1f} device-s of overload over the horizon")
         if inflation > profile.slack:
-            return Wait(
-                f"job {profile.job!r} would be slowed by {inflation:.0%}, beyond its slack of "
-                f"{profile.slack:.0%}: even the best placement (group {name!r}, phase shift "
-                f"{shift * h.slot_s:g} s) projects {score:.1f} device-s of overload over the horizon"
-            )
-        hurt = self._hurt_tenant(group, demand)
+            return Wait(f"job {profile.job!r} would be slowed by {inflation:.0%}, beyond its slack of "
+                        f"{profile.slack:.0%}: {where}")
+        hurt = self._hurt_tenant(rows, share)
         if hurt is not None:
             tenant, slowed, slack = hurt
-            return Wait(
-                f"job {profile.job!r} would slow job {tenant!r} by {slowed:.0%}, beyond its slack of "
-                f"{slack:.0%}: even the best placement (group {name!r}, phase shift "
-                f"{shift * h.slot_s:g} s) projects {score:.1f} device-s of overload over the horizon"
-            )
-        devices = self.view.choose_devices(group, profile)
-        return Placement(name, shift * h.slot_s + align_s, score, devices, inflation)
+            return Wait(f"job {profile.job!r} would slow job {tenant!r} by {slowed:.0%}, beyond its slack of "
+                        f"{slack:.0%}: {where}")
+        devices = tuple(int(self.view.row_device[r]) for r in rows)
+        return Placement(name, shift * h.slot_s + align_s, best.score, devices, inflation)
 
-    def _hurt_tenant(self, group: int, demand: np.ndarray) -> tuple[str, float, float] | None:
-        """The first job already on `group` that the newcomer's `demand` (ring order) would push
-        beyond its slack, with its inflation and slack; a job already beyond it before only
-        counts if the newcomer makes it worse."""
-        h, cap = self.horizon, self.view.capacity[group]
+    def _hurt_tenant(self, rows: list[int], share: np.ndarray) -> tuple[str, float, float] | None:
+        """The first job sharing a device of `rows` that the newcomer's `share` (ring order)
+        would push beyond its slack, with its inflation and slack; a job already beyond it
+        before only counts if the newcomer makes it worse."""
+        h, seen = self.horizon, set()
         in_time = h.columns(h.origin, h.slots)
-        before, after = h.load[group][in_time], (h.load[group] + demand)[in_time]
-        for job, profile, anchor in h.jobs_on(group):
-            mine = h.project(profile, anchor, h.origin, h.slots)
-            slowed = step_inflation(after - mine, mine, cap)
-            if slowed > max(profile.slack, step_inflation(before - mine, mine, cap)) + _TINY:
-                return job, slowed, profile.slack
+        for row in rows:
+            for job, profile, anchor, tenant_rows in h.jobs_on(row):
+                if job in seen:
+                    continue
+                seen.add(job)
+                mine = h.project(profile, anchor, h.origin, h.slots) / len(tenant_rows)
+                before = h.load[list(tenant_rows)][:, in_time]
+                after = before + np.isin(tenant_rows, rows)[:, None] * share[in_time]
+                slowed = max(step_inflation(a - mine, mine, 1.0) for a in after)
+                was = max(step_inflation(b - mine, mine, 1.0) for b in before)
+                if slowed > max(profile.slack, was) + _TINY:
+                    return job, slowed, profile.slack
         return None
 
     def _hold(self, placed: _Placed) -> None:
         job, p = placed.profile.job, placed.placement
         self.view.allocate(job, p.devices, placed.profile.host_bytes_per_device)
-        self.horizon.add(job, self.view.index[p.group], placed.profile, placed.anchor_s)
+        self.horizon.add(job, [self.view.device_rows[d] for d in p.devices], placed.profile, placed.anchor_s)
         self._placed[job] = placed
 
 
 def step_inflation(load: np.ndarray, demand: np.ndarray, capacity: float) -> float:
-    """Estimated step inflation of a job with `demand` joining `load`, slot by slot (fluid
-    sharing, see the module docstring)."""
+    """Estimated step inflation of a job with `demand` joining `load` on `capacity` devices,
+    slot by slot (fluid sharing, see the module docstring)."""
     busy = demand.sum()
     if busy <= 0:
         return 0.0
@@ -296,15 +382,16 @@ def step_inflation(load: np.ndarray, demand: np.ndarray, capacity: float) -> flo
 
 
 class FirstFit(Placer):
-    """Baseline: the first group (in topology order) where the memory fits, phase shift 0."""
+    """Baseline: the first group (in topology order) where the memory fits, phase shift 0, the
+    devices with the fewest jobs (`ResourceView.choose_devices`)."""
 
     def _shift_slots(self, profile: JobProfile) -> np.ndarray:
         return np.zeros(1, dtype=np.int64)
 
-    def _scores(self, groups: np.ndarray, demand: np.ndarray, carried: np.ndarray) -> np.ndarray:
-        scores = np.full((len(groups), len(demand)), np.inf)
-        scores[:1] = self._overload(groups[:1], demand, self._hot(groups[:1], demand))
-        return scores
-
-    def _pick(self, scores: np.ndarray, carried: np.ndarray) -> tuple[int, int]:
-        return 0, 0
+    def _search(self, groups: np.ndarray, profile: JobProfile, share: np.ndarray) -> _Candidate:
+        g = int(groups[0])
+        rows = tuple(self.view.device_rows[d] for d in self.view.choose_devices(g, profile))
+        lo = min(rows)
+        hot = self.horizon.load[lo: max(rows) + 1] + share.max() > 1.0 + _TINY
+        costs = self._device_costs(lo, share, hot)
+        return _Candidate(g, 0, float(np.round(costs[[r - lo for r in rows], 0].sum(), 6)), rows)

@@ -56,6 +56,7 @@ class JobProfile:
     devices: int
     models: tuple[ModelMemory, ...]
     slack: float = DEFAULT_SLACK
+    replica_devices: int = 1  # devices that must share a node (one tensor-parallel model replica)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "demand", tuple(float(d) for d in self.demand))
@@ -76,6 +77,11 @@ class JobProfile:
             raise ValueError(f"{where}: needs at least one model (its memory is what gets placed)")
         if not self.slack >= 0:
             raise ValueError(f"{where}: slack must be >= 0 (a fraction of the step), got {self.slack}")
+        if self.replica_devices < 1 or self.devices % self.replica_devices:
+            raise ValueError(
+                f"{where}: replica_devices = {self.replica_devices} must be >= 1 and divide "
+                f"devices = {self.devices}"
+            )
 
     @property
     def slot_s(self) -> float:

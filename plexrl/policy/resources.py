@@ -12,10 +12,17 @@ gets a copy of all its models' host buffers on that device's node, and the sum c
 node never exceeds the node's host bytes. Invariant (tested): `host_used <= host_bytes` on
 every node, always.
 
+A job whose model replicas span several devices (`JobProfile.replica_devices`, tensor
+parallelism) takes whole replicas per node: a node's devices count for it in multiples of that.
+
 Search goes top-down: pods whose best group cannot possibly fit the job (too few devices,
 arenas too small, no node with room for one copy) are skipped before their groups are
 compared. The per-node arithmetic underneath is one vector pass over the cluster's nodes,
 microseconds at thousands of devices.
+
+Rows: the placer keeps one row of projected load per device, in topology order (group by
+group, node by node), so a node's devices and a group's devices are contiguous row ranges
+(`node_rows`, `group_rows`); `device_rows` maps device ids to rows.
 """
 
 from __future__ import annotations
@@ -76,6 +83,14 @@ class ResourceView:
         self.pod_groups = {p: np.array([i for i, g in enumerate(self.groups) if g.pod == p]) for p in pods}
         self.pod_nodes = {p: np.isin(self.node_group, members) for p, members in self.pod_groups.items()}
         self._node_of = {d: n for n, node in enumerate(self.nodes) for d in node.devices}
+        first_row = np.concatenate(([0], np.cumsum(self.node_devices)))
+        self.node_rows = tuple((int(a), int(b)) for a, b in zip(first_row[:-1], first_row[1:]))
+        first_node = [int(n) for n in self.group_first_node]
+        self.group_rows = tuple(
+            (self.node_rows[n][0], self.node_rows[n + len(grp.nodes) - 1][1]) for n, grp in zip(first_node, self.groups)
+        )
+        self.row_device = np.array([d for node in self.nodes for d in node.devices], dtype=np.int64)
+        self.device_rows = {int(d): r for r, d in enumerate(self.row_device)}
         self._held: dict[str, tuple[tuple[int, ...], np.ndarray]] = {}  # job -> (devices, host bytes per node)
 
     @classmethod
@@ -105,9 +120,14 @@ class ResourceView:
         fits_arena = self.node_arena >= profile.device_bytes
         return np.where(fits_arena, np.minimum(self.node_devices, by_host), 0)
 
+    def units_per_node(self, profile: JobProfile) -> np.ndarray:
+        """How many whole replicas of the job each node could take (`copies_per_node` in units
+        of `replica_devices`)."""
+        return self.copies_per_node(profile) // profile.replica_devices
+
     def feasible_groups(self, profile: JobProfile) -> np.ndarray:
         """Indices (ascending) of the groups where the job's memory fits, searched pod by pod."""
-        copies = self.copies_per_node(profile)
+        copies = self.units_per_node(profile) * profile.replica_devices
         per_group = np.add.reduceat(copies, self.group_first_node)
         found = []
         for pod, members in self.pod_groups.items():
@@ -157,7 +177,7 @@ class ResourceView:
     def choose_devices(self, group: int, profile: JobProfile) -> tuple[int, ...]:
         """The job's devices in `group`: nodes with the most free host first, then the devices
         with the fewest jobs, so copies spread and host memory stays balanced."""
-        copies = self.copies_per_node(profile)
+        copies = self.units_per_node(profile) * profile.replica_devices
         first = self.group_first_node[group]
         order = sorted(range(first, first + len(self.groups[group].nodes)),
                        key=lambda n: (-(self.node_host[n] - self.host_used[n]), n))

@@ -48,4 +48,5 @@ def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_ta
     phases = plan_step(job, costs, first_step(job, seed, index), job.gpus, job.gpus, consolidate_tail)
     demand, period = demand_per_slot(phases)
     models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
-    return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack)
+    return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack,
+                      replica_devices=job.tp)
