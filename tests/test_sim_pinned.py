@@ -1,0 +1,56 @@
+"""Whole runs pinned bit for bit: a speed change to the simulator must leave every figure of a
+small contended workload exactly as it was, in every mode.
+
+The pinned tuples are (events, sum of step times, sum of charges, switch GPU-s, busy GPU-s),
+each sum taken in record order, compared with `==` (floats printed with `repr`, which
+round-trips exactly). A deliberate change of behaviour (a new policy, a new latency model)
+updates them in the same commit and says why; a speed-up never does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from plexrl.sim.simulate import MODES, simulate
+from plexrl.sim.workload import Cluster, Workload
+
+# 16 GPUs in one node group for five jobs that need 36: they queue, stack and switch.
+CLUSTER = Cluster(name="pin", nodes_per_pod=2, group_nodes=2)
+WORKLOAD = Workload.model_validate({
+    "name": "pinned", "seed": 3,
+    "jobs": [
+        {"name": "math", "count": 2, "params_b": 7, "dp": 8, "steps": 3, "arrival_every_s": 40, "slack": 1.0},
+        {"name": "agent", "count": 2, "params_b": 7, "dp": 4, "steps": 3, "reward_s": 60, "slack": 1.0,
+         "rollout": {"turns": 3, "tool_s": 90, "prompts": 64}},
+        {"name": "code", "algorithm": "dapo", "params_b": 30, "active_params_b": 3, "tp": 2, "dp": 4,
+         "steps": 2, "reward_s": 300, "slack": 1.0, "rollout": {"prompts": 64, "refill_fraction": 0.25}},
+    ],
+})
+
+PINNED = {
+    "colocated": (221, 9181.825802587655, 59001.812165875024, 113.03840000000007, 46853.87295637255),
+    "split": (153, 13977.755277924665, 91090.24558119365, 39.86240000000001, 39786.07107401961),
+    "plexrl": (278, 14838.764655695417, 45634.73988823531, 264.80800000000033, 45634.73988823528),
+    "plexrl-hrrn": (278, 14838.764655695417, 45634.73988823531, 264.80800000000033, 45634.73988823528),
+    "plexrl-sjf": (278, 14484.610102356071, 45597.56388823531, 227.6320000000003, 45597.56388823529),
+    "plexrl-fcfs": (278, 14838.764655695417, 45634.73988823531, 264.80800000000033, 45634.73988823528),
+    "plexrl-firstfit": (278, 15627.679255227173, 45607.36868823531, 237.4368000000003, 45607.36868823529),
+    "plexrl-wholetail": (226, 14991.854105921533, 47051.13295637257, 310.2984000000003, 47051.13295637253),
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return simulate(WORKLOAD, CLUSTER, MODES)["runs"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_reproduces_its_pinned_figures_exactly(runs, mode):
+    r = runs[mode]
+    got = (r.events, sum(sum(j.step_times) for j in r.records), sum(j.charged_gpu_s for j in r.records),
+           r.switch_gpu_s, r.busy_gpu_s)
+    assert got == PINNED[mode]
+
+
+def test_the_pin_covers_every_mode():
+    assert set(PINNED) == set(MODES)
