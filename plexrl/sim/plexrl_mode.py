@@ -15,6 +15,9 @@ back as their replicas finish; and each rollout's long tail is consolidated onto
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 from plexrl.policy.admission import AdmissionQueue
 from plexrl.policy.placement import FirstFit, Placement, Placer
 from plexrl.policy.resources import ResourceView
@@ -63,7 +66,7 @@ class PlexRLMode(Mode):
     charges_reserved = False
     consolidates_tail = True
 
-    def __init__(self, *args, placer: type[Placer] = Placer, consolidate_tail: bool = True, **kwargs):
+    def __init__(self, *args, placer: Callable[..., Placer] = Placer, consolidate_tail: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.consolidates_tail = consolidate_tail
         view = resource_view(self.cluster)
@@ -105,6 +108,13 @@ def first_fit(workload, cluster, policy) -> PlexRLMode:
     mode.name = "plexrl-firstfit"
     return mode
 
+
+def no_shift(workload, cluster, policy) -> PlexRLMode:
+    """The Placer's choice of group and devices, but every job starts at once (one candidate
+    shift): what the phase shift alone is worth."""
+    mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, max_shifts=1))
+    mode.name = "plexrl-noshift"
+    return mode
 
 
 def whole_tail(workload, cluster, policy) -> PlexRLMode:

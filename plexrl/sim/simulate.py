@@ -2,7 +2,8 @@
 
 Modes: `colocated`, `split`, and PlexRL once per request policy — `plexrl` (the switch-aware
 priority) and `plexrl-hrrn`, `plexrl-sjf`, `plexrl-fcfs`, all with phase-shift placement — and
-`plexrl-firstfit` (switch-aware priority, first-fit placement), and `plexrl-wholetail` (PlexRL
+`plexrl-firstfit` (switch-aware priority, first-fit placement), `plexrl-noshift` (the Placer's
+groups and devices without phase shifts), and `plexrl-wholetail` (PlexRL
 without long-tail consolidation: every sampler worker stays through the tail).
 """
 
@@ -13,7 +14,7 @@ from typing import Callable
 
 from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import ColocatedMode
-from plexrl.sim.plexrl_mode import PlexRLMode, first_fit, whole_tail
+from plexrl.sim.plexrl_mode import PlexRLMode, first_fit, no_shift, whole_tail
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.split_mode import SplitMode
@@ -29,6 +30,7 @@ def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
     for policy in (Policy.HRRN, Policy.SJF, Policy.FCFS):
         table[f"plexrl-{policy.value}"] = lambda w, c, p=policy: PlexRLMode(w, c, p)
     table["plexrl-firstfit"] = lambda w, c: first_fit(w, c, Policy.PLEXRL)
+    table["plexrl-noshift"] = lambda w, c: no_shift(w, c, Policy.PLEXRL)
     table["plexrl-wholetail"] = lambda w, c: whole_tail(w, c, Policy.PLEXRL)
     return table
 
