@@ -117,6 +117,18 @@ def test_ties_go_to_the_group_carrying_more_load():
     assert (decision.group, decision.phase_shift_s, decision.score) == ("pod0/g1", 4.0, 0.0)
 
 
+def test_a_job_goes_to_the_device_it_fits_not_the_least_loaded_one():
+    """Device 0 carries a short spike, device 1 a steady half: a steady half-device job fits
+    beside the steady one at no overload, not beside the spike (which carries less load)."""
+    placer = Placer(cluster(groups=1), horizon_slots=64, slot_s=1.0)
+    spike = placer.place(job("spike", (1, 0, 0, 0, 0, 0, 0, 0), devices=1), 0.0)
+    steady = placer.place(job("steady", (0.5,) * 8, devices=1), 0.0)
+    assert (spike.devices, steady.devices) == ((0,), (1,))
+    decision = placer.place(job("newcomer", (0.5,) * 8, devices=1), 0.0)
+    assert (decision.devices, decision.score) == ((1,), 0.0)
+    assert placer.overload_s() == 0.0
+
+
 def test_inflation_is_reported_with_the_placement():
     placer = Placer(cluster(groups=1), horizon_slots=64, slot_s=1.0)
     placer.place(job("a", ALWAYS, slack=0.2), 0.0)

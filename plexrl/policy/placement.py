@@ -226,10 +226,11 @@ class Placer:
                     best = _Candidate(g, k, float(scores[k]), self._choose(g, costs[:, k], profile))
                 if best.score == 0.0:
                     return best
-            if cut < len(block):
+            if cut < len(block):  # enough cool devices: score 0 at shift 0, on devices costing 0
                 g = block[cut]
                 lo, hi = self.view.group_rows[g]
-                return _Candidate(g, 0, 0.0, self._choose(g, np.zeros(hi - lo), profile))
+                cost = self._device_costs(lo, share[:1], load[lo:hi] + peak > 1.0 + _TINY)[:, 0]
+                return _Candidate(g, 0, 0.0, self._choose(g, cost, profile))
         return best
 
     def _all_cool(self, cool_rows: np.ndarray, profile: JobProfile) -> np.ndarray:
