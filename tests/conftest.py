@@ -28,3 +28,15 @@ def micro_model(tmp_path_factory) -> str:
 
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "micro", seed=1, hidden_size=16,
                                num_layers=1, num_heads=2))
+
+
+@pytest.fixture(scope="module")
+def ray_node():
+    """One local Ray instance with 2 logical GPUs for a test module (start-up costs seconds)."""
+    import tempfile
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_gpus=2, num_cpus=2, include_dashboard=False, object_store_memory=100 << 20,
+             _temp_dir=tempfile.mkdtemp(prefix="/tmp/r"), log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -13,7 +13,6 @@ One Ray instance and one RayCluster for the module (Ray start-up dominates the c
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 
 import numpy as np
@@ -49,14 +48,6 @@ def rl_job(cluster, job, model_dir, seed, steps=2):
         trainer.forward_backward(data, loss_fn="importance_sampling").result(TIMEOUT_S)
         trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
     return trainer
-
-
-@pytest.fixture(scope="module")
-def ray_node():
-    ray.init(num_gpus=2, num_cpus=2, include_dashboard=False, object_store_memory=100 * MiB,
-             _temp_dir=tempfile.mkdtemp(prefix="/tmp/r"), log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,20 @@
 
 `ray_*` modules: the Ray engine. Importing this package does not import Ray; `RayCluster` is
 loaded on first use so CPU-only installs without a Ray cluster can still import plexrl.engines.
+
+`session(engine, devices)` and `open_cluster(engine, ...)` are how commands (`plexrl demo`,
+`plexrl run`) pick an engine by name: the same jobs run on a `LocalCluster` ("local": one
+process, a thread per device) or a `RayCluster` ("ray": a Ray actor per device and per node).
 """
 
 from __future__ import annotations
 
-__all__ = ["RayCluster"]
+from contextlib import contextmanager
+from typing import Iterator
+
+__all__ = ["ENGINES", "RayCluster", "open_cluster", "session"]
+
+ENGINES = ("local", "ray")
 
 
 def __getattr__(name: str):
@@ -15,3 +24,48 @@ def __getattr__(name: str):
 
         return RayCluster
     raise AttributeError(f"module 'plexrl.engines' has no attribute {name!r}")
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        from plexrl.errors import ConfigError
+
+        raise ConfigError(f"engine={engine!r}; expected one of {list(ENGINES)}")
+    return engine
+
+
+@contextmanager
+def session(engine: str, devices: int) -> Iterator[None]:
+    """Around every cluster a command opens: on Ray, one local Ray instance with `devices` logical
+    GPUs on its node (clusters of fewer devices use some of them), shut down at the end. Joining
+    an existing Ray cluster instead: set RAY_ADDRESS."""
+    check_engine(engine)
+    if engine == "local":
+        yield
+        return
+    import os
+
+    import ray
+
+    from plexrl.engines import ray_setup
+
+    owned = not ray.is_initialized()
+    ray_setup.connect(os.environ.get("RAY_ADDRESS"), num_gpus=devices)
+    try:
+        yield
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def open_cluster(engine: str, devices: int, **options):
+    """A cluster of `devices` devices on one node group, on the named engine. `options`: what
+    both engines take (device_memory_bytes, host_memory_bytes, policy, workdir, ...)."""
+    check_engine(engine)
+    if engine == "local":
+        from plexrl.runtime.local_cluster import LocalCluster
+
+        return LocalCluster(devices=devices, **options)
+    from plexrl.engines.ray_cluster import RayCluster
+
+    return RayCluster(nodes=1, devices_per_node=devices, **options)

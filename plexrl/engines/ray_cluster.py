@@ -37,7 +37,7 @@ from plexrl.engines.ray_node import RayNode
 from plexrl.engines.ray_shm import shm_root
 from plexrl.engines.ray_worker import DeviceWorker
 from plexrl.policy import JobProfile, ModelMemory, ResourceView
-from plexrl.runtime.events import EventLog
+from plexrl.runtime.events import EventLog, write_jsonl
 from plexrl.runtime.futures import APIFuture
 from plexrl.runtime.job_placer import JobPlacer, provisional_profile
 from plexrl.runtime.local_cluster import LocalCluster, _check_positive, _checked_policy
@@ -129,7 +129,8 @@ class RayCluster:
         shm = shm_root() / f"{self._name}-node{group}"
         return RayNodeActor.options(num_cpus=0, max_concurrency=NODE_CALL_THREADS, scheduling_strategy=pinned,
                                     name=f"{self._name}-node{group}").remote(
-            group, ids, workers, device_bytes, host_bytes, self.policy.value, str(self.workdir), str(shm))
+            group, ids, workers, device_bytes, host_bytes, self.policy.value, str(self.workdir), str(shm),
+            self.telemetry.epoch)
 
     # -- what clients call -----------------------------------------------------------------------
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
@@ -237,7 +238,11 @@ class RayCluster:
         merged = self.telemetry.events.snapshot()
         for part in ray.get([n.events.remote() for n in self.nodes]):
             merged += part
-        return merged
+        return sorted(merged, key=lambda e: e["t"])
+
+    def write_events(self, path: str | Path) -> Path:
+        """Every node's events and the driver's, on one time axis, as JSON lines."""
+        return write_jsonl(self.events(), path)
 
     def metrics(self) -> dict:
         out = merge_summaries(ray.get([n.summary.remote() for n in self.nodes]))

@@ -100,10 +100,11 @@ def spec_of(state: ModelState) -> dict:
 
 class RayNode:
     def __init__(self, node: int, devices: list[int], workers: dict, device_memory_bytes: int,
-                 host_memory_bytes: int, policy: str, workdir: str, shm_folder: str):
+                 host_memory_bytes: int, policy: str, workdir: str, shm_folder: str, epoch: float):
         self.node = node
         self.workers = workers  # device index -> DeviceWorker actor handle
-        self.telemetry = Telemetry(EventLog())
+        import transformers.models.auto.modeling_auto  # noqa: F401  (see DeviceWorker.__init__)
+        self.telemetry = Telemetry(EventLog(), epoch=epoch)  # the driver's time axis
         arenas = {d: DeviceArena(d, device_memory_bytes) for d in devices}  # budgets only: never allocated here
         self.buffers = SharedHostBuffers(shm_folder)
         self.sm = SharedStateManager(node, arenas, host_memory_bytes, Path(workdir) / f"node{node}" / "spill",
@@ -122,9 +123,11 @@ class RayNode:
 
     # -- states ---------------------------------------------------------------------------------
     def add_model(self, job: str, name: str, source: str, trainable: bool) -> dict:
+        prepared = [worker.prepare.remote(source) for worker in self.workers.values()]  # meanwhile, there
         module = load_module(source)
         state = ModelState(f"{job}/{name}", job, name, module, trainable, source)
         self.sm.add(state)
+        ray.get(prepared)  # every worker of the node can run the model from its first call on
         return {"state_id": state.state_id, "device_bytes": state.device_bytes, "host_bytes": state.host_bytes}
 
     def remove_job(self, job: str) -> None:

@@ -39,6 +39,8 @@ class DeviceWorker:
         self.states: dict[str, ModelState] = {}
         self._templates: dict[str, torch.nn.Module] = {}  # one loaded module per source folder
         self._lock = threading.Lock()
+        import transformers.models.auto.modeling_auto  # noqa: F401  (seconds in a fresh process: pay them
+        # while the cluster starts, which waits for every worker, not in a job's first call)
 
     def ping(self) -> int:
         return self.device
@@ -68,6 +70,11 @@ class DeviceWorker:
         writeback_s = self._write_through(state) if mutates else 0.0
         return {"result": result, "error": error, "steps_s": seconds, "wall_s": wall_s, "device_s": device_s,
                 "writeback_s": writeback_s, "adam_step": state.adam_step}
+
+    def prepare(self, source: str) -> None:
+        """Load a source's module template ahead of its first state here (the node calls this,
+        without waiting, when a model is added), so a job's first call does not pay for it."""
+        self._template(source)
 
     def offload(self, state_id: str, dirty: bool) -> float:
         return self._transition({"kind": "offload", "state_id": state_id, "dirty": dirty})
@@ -109,14 +116,17 @@ class DeviceWorker:
         state.host.copy_(state.current())
         return time.perf_counter() - t0
 
+    def _template(self, source: str) -> torch.nn.Module:
+        if source not in self._templates:
+            self._templates[source] = load_module(source)
+        return self._templates[source]
+
     def _state(self, spec: dict) -> ModelState:
         with self._lock:
             state = self.states.get(spec["state_id"])
             if state is None:
                 source = spec["source"]
-                if source not in self._templates:
-                    self._templates[source] = load_module(source)
-                module = skeleton_like(self._templates[source])
+                module = skeleton_like(self._template(source))
                 state = ModelState(spec["state_id"], spec["job"], spec["name"], module, spec["trainable"], source)
                 self.states[spec["state_id"]] = state
             return state

@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from plexrl import engines
 from plexrl.models.tiny import parameter_count
 from plexrl.rl import demo_plots
 from plexrl.rl.spec import JobSpec
@@ -36,8 +37,8 @@ TRAINABLE_COPIES = 4
 DEVICE_BUDGET_WEIGHTS = 6
 
 
-def demo_jobs(quick: bool) -> list[JobSpec]:
-    steps = 6 if quick else 24
+def demo_jobs(quick: bool, steps: int | None = None) -> list[JobSpec]:
+    steps = steps or (6 if quick else 24)
     return [
         JobSpec(name="addition-grpo", algorithm="grpo", task="addition", steps=steps, seed=1,
                 problems_per_step=16, group_size=8, learning_rate=2e-4),
@@ -52,14 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    specs = demo_jobs(args.quick)
+    specs = demo_jobs(args.quick, args.steps)
     progress = Progress(specs, enabled=not args.json)
     progress.say("warm start (cached after the first run)...")
     models = {spec.name: str(warm_model(spec.task, spec.model)) for spec in specs}
     budget = DEVICE_BUDGET_WEIGHTS * 4 * max(parameter_count(m) for m in models.values())
-    with progress:
-        dedicated = {spec.name: run_dedicated(spec, models[spec.name], args.policy, progress) for spec in specs}
-        mux, metrics, events = run_multiplexed(specs, models, args.policy, budget, progress, out)
+    with progress, engines.session(args.engine, MUX_DEVICES):
+        dedicated = run_dedicated(specs, models, args, progress)
+        mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out)
     summary = summarise(specs, dedicated, mux, metrics, args)
     write_outputs(summary, events, out)
     if args.json:
@@ -72,29 +73,38 @@ def main(argv: list[str] | None = None) -> int:
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="plexrl demo", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a first look; tests)")
+    parser.add_argument("--steps", type=positive_int, default=None, help="steps per job (default 24; 6 with --quick)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the final figures, nothing else")
     parser.add_argument("--out", default="plexrl-demo", help="folder for plots, events and summary (default ./plexrl-demo)")
     parser.add_argument("--policy", default="plexrl", help="scheduling policy of the multiplexed cluster (default plexrl)")
+    parser.add_argument("--engine", default="local", choices=engines.ENGINES,
+                        help="local: one process, a thread per device (default); ray: Ray actors per device and node")
     return parser.parse_args(argv)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of steps")
+    return int(text)
 
 
 # ---------------------------------------------------------------------------- the two modes
 
-def run_dedicated(spec: JobSpec, model: str, policy: str, progress: "Progress") -> tuple[JobResult, float]:
-    """The job's result and its device's busy seconds (the rest of its wall time it sat idle)."""
-    from plexrl.runtime.local_cluster import LocalCluster
-
+def run_dedicated(specs, models, args, progress: "Progress") -> dict[str, tuple[JobResult, float]]:
+    """Each job alone on one device, one after another: its result and the device-seconds it
+    used (the rest of its wall time its reserved device sat idle)."""
     progress.mode = "dedicated"
-    with LocalCluster(devices=1, policy=policy) as cluster:
-        result = run_job(cluster, spec, model, on_step=progress.step)
-        return result, cluster.metrics()["device_busy_s"]
+    with engines.open_cluster(args.engine, 1, policy=args.policy) as cluster:
+        warm_up(cluster, models.values())
+        results = {s.name: run_job(cluster, s, models[s.name], on_step=progress.step) for s in specs}
+        used = cluster.metrics()["jobs"]
+        return {name: (result, used[name]["consumed_device_s"]) for name, result in results.items()}
 
 
-def run_multiplexed(specs, models, policy, budget, progress, out: Path):
-    from plexrl.runtime.local_cluster import LocalCluster
-
+def run_multiplexed(specs, models, args, budget, progress, out: Path):
     progress.mode = "multiplexed"
-    with LocalCluster(devices=MUX_DEVICES, device_memory_bytes=budget, policy=policy) as cluster:
+    with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy) as cluster:
+        warm_up(cluster, models.values())
         started = time.perf_counter()
         with ThreadPoolExecutor(len(specs), thread_name_prefix="controller") as pool:
             futures = {s.name: pool.submit(run_job, cluster, s, models[s.name], on_step=progress.step) for s in specs}
@@ -106,6 +116,15 @@ def run_multiplexed(specs, models, policy, budget, progress, out: Path):
         metrics["makespan_s"] = time.perf_counter() - started
         cluster.write_events(out / "events.jsonl")
         return results, metrics, cluster.events()
+
+
+def warm_up(cluster, models) -> None:
+    """Load each base model once before any clock starts: engine start-up (a Ray worker process
+    importing the model's code, building its architecture) is the service's, not a job's, and
+    would otherwise be billed to whichever job comes first. Nothing runs on a device."""
+    with cluster.service_client("warm-up") as service:
+        for i, model in enumerate(sorted(set(models))):
+            service.create_training_client(base_model=model, name=f"model-{i}")
 
 
 # ---------------------------------------------------------------------------- the comparison
@@ -126,6 +145,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
         "switch_overhead": metrics["transition_s"] / busy if busy else 0.0,
         "device_utilisation_mux": busy / (MUX_DEVICES * metrics["makespan_s"]),
         "policy": args.policy,
+        "engine": args.engine,
         "quick": args.quick,
         "out": str(args.out),
     }

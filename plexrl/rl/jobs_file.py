@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from plexrl import engines
 from plexrl.policy import Policy
 from plexrl.rl.spec import JobSpec, describe_errors
 from plexrl.rl.train import run_job
@@ -74,15 +75,14 @@ def load(path: str | Path) -> JobsFile:
         raise JobsFileError("\n".join([f"{path}: {len(error.errors())} problem(s)"] + describe_errors(error))) from None
 
 
-def run(spec: JobsFile, on_step=None) -> dict:
-    from plexrl.runtime.local_cluster import LocalCluster
-
+def run(spec: JobsFile, on_step=None, engine: str = "local") -> dict:
     models = {job.name: str(warm_model(job.task, job.model)) for job in spec.jobs}
     teachers = {job.name: str(warm_model(job.task, job.model, steps=job.teacher_warm_start_steps))
                 for job in spec.jobs if job.algorithm == "distill"}
     c = spec.cluster
-    with LocalCluster(devices=c.devices, policy=c.policy, device_memory_bytes=c.device_memory_mb * MiB,
-                      host_memory_bytes=c.host_memory_mb * MiB) as cluster:
+    with engines.session(engine, c.devices), engines.open_cluster(
+            engine, c.devices, policy=c.policy, device_memory_bytes=c.device_memory_mb * MiB,
+            host_memory_bytes=c.host_memory_mb * MiB) as cluster:
         with ThreadPoolExecutor(len(spec.jobs), thread_name_prefix="controller") as pool:
             futures = [pool.submit(run_job, cluster, job, models[job.name], teachers.get(job.name), on_step)
                        for job in spec.jobs]
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("jobs_file", help="YAML file with 'jobs:' (and optionally 'cluster:')")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results")
     parser.add_argument("--check", action="store_true", help="validate the file and exit")
+    parser.add_argument("--engine", default="local", choices=engines.ENGINES,
+                        help="local: one process, a thread per device (default); ray: Ray actors per device and node")
     args = parser.parse_args(argv)
     try:
         spec = load(args.jobs_file)
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.jobs_file}: {len(spec.jobs)} job(s), valid")
         return 0
     report = None if args.json else (lambda job, step, stats: print(f"{job} step {step}: reward {stats.reward:.3f}", flush=True))
-    summary = run(spec, on_step=report)
+    summary = run(spec, on_step=report, engine=args.engine)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -48,17 +48,18 @@ def make_algorithm(job: Job, teacher_model: str | None = None):
 def run_job(cluster, spec: JobSpec, base_model: str, teacher_model: str | None = None,
             on_step: Callable[[str, int, StepStats], None] | None = None) -> JobResult:
     started = time.perf_counter()
-    job = Job(cluster.service_client(spec.name), spec, base_model)
-    algorithm = make_algorithm(job, teacher_model)
     result = JobResult(spec.name, spec.algorithm)
-    for step in range(spec.steps):
-        step_started = time.perf_counter()
-        stats = algorithm.train_step(step)
-        cluster.report_step(job=spec.name, step=step, reward=stats.reward)
-        result.rewards.append(stats.reward)
-        result.step_s.append(time.perf_counter() - step_started)
-        result.metrics.append(stats.metrics)
-        if on_step is not None:
-            on_step(spec.name, step, stats)
-    result.wall_s = time.perf_counter() - started
+    with cluster.service_client(spec.name) as service:  # the job's states are freed when it ends
+        job = Job(service, spec, base_model)
+        algorithm = make_algorithm(job, teacher_model)
+        for step in range(spec.steps):
+            step_started = time.perf_counter()
+            stats = algorithm.train_step(step)
+            cluster.report_step(job=spec.name, step=step, reward=stats.reward)
+            result.rewards.append(stats.reward)
+            result.step_s.append(time.perf_counter() - step_started)
+            result.metrics.append(stats.metrics)
+            if on_step is not None:
+                on_step(spec.name, step, stats)
+        result.wall_s = time.perf_counter() - started
     return result

@@ -33,15 +33,20 @@ class EventLog:
             return list(self._events)
 
     def write(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
-            for record in self.snapshot():
-                f.write(json.dumps(record) + "\n")
-        return path
+        return write_jsonl(self.snapshot(), path)
 
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+
+def write_jsonl(records: list[dict], path: str | Path) -> Path:
+    """Event records as JSON lines (what `plexrl sim calibrate` and the plots read)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    return path

@@ -14,13 +14,18 @@ from plexrl.runtime.events import EventLog
 
 
 class Telemetry:
-    def __init__(self, events: EventLog, bandwidth_prior: float = 10e9, exec_prior_s: float = 0.05):
+    """`epoch`: a wall-clock time (`time.time()`) to count from, so that the telemetry of several
+    processes (the Ray engine's node actors) shares one time axis; default: now."""
+
+    def __init__(self, events: EventLog, bandwidth_prior: float = 10e9, exec_prior_s: float = 0.05,
+                 epoch: float | None = None):
         self.events = events
         self.ledger = Ledger()
         self.bandwidth = BandwidthEstimator(bandwidth_prior)
         self.exec_estimates = ExecEstimator(exec_prior_s)
         self._lock = threading.Lock()
-        self._t0 = time.perf_counter()
+        self.epoch = time.time() if epoch is None else epoch
+        self._t0 = time.perf_counter() - (time.time() - self.epoch)
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
