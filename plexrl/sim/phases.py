@@ -19,11 +19,15 @@ simulated, so colocated, split and PlexRL runs see the same response lengths and
 Each job draws from its own generator (`job_rng`) in blocks of `draw_block(job)` steps, one
 numpy call per quantity per block (the block size depends only on the job, so every mode and
 the placer's profile see the same stream).
+Because a step's phases are a pure function of (seed, job, step, costs, GPU shape, tail
+consolidation), the modes of one `simulate` call share them through `StepPlans`: a mode that
+plans a step the same way as an earlier mode reuses that plan (the same Phase objects) instead
+of drawing and planning it again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -140,6 +144,34 @@ def _rollout(
         if turn + 1 < turns:
             phases.append(Phase("tools", None, idle_s=float(tool_waits[turn])))
     return phases
+
+
+class StepPlans:
+    """Planned steps shared by the modes simulating one workload (one instance per workload
+    and seed: the key holds the job's index and name, not the whole spec)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, _JobPlans] = {}
+
+    def step(self, job: Job, seed: int, index: int, costs: JobCosts, step: int,
+             rollout_gpus: int, train_gpus: int, consolidate_tail: bool) -> list[Phase]:
+        """The phases of `job`'s step `step` (0-based), planned as `plan_step` would."""
+        key = (seed, index, job.name, costs, rollout_gpus, train_gpus, consolidate_tail)
+        plans = self._plans.get(key)
+        if plans is None:
+            plans = self._plans[key] = _JobPlans(job_rng(seed, index))
+        while len(plans.steps) <= step:
+            if not plans.draws:
+                plans.draws = draw_steps(job, plans.rng)[::-1]
+            plans.steps.append(plan_step(job, costs, plans.draws.pop(), rollout_gpus, train_gpus, consolidate_tail))
+        return plans.steps[step]
+
+
+@dataclass
+class _JobPlans:
+    rng: np.random.Generator
+    draws: list[StepDraws] | None = None  # the current block's unplanned draws, last step first
+    steps: list[list[Phase]] = field(default_factory=list)
 
 
 def gpu_seconds(phases: list[Phase]) -> float:

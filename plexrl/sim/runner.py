@@ -18,6 +18,7 @@ from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import gpu_arena_bytes, job_costs
+from plexrl.sim.phases import StepPlans
 from plexrl.sim.service import Service, SimJob
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import GB, Cluster, Job, Workload
@@ -130,12 +131,13 @@ class Mode:
         """GPUs the mode gives the job (reserved by the baselines)."""
         return job.gpus
 
-    def run(self) -> ModeResult:
+    def run(self, plans: StepPlans | None = None) -> ModeResult:
+        """Simulate the workload; `plans` shares planned steps with other modes of the same workload."""
         t0 = time.perf_counter()
         for index, spec in enumerate(expand_jobs(self.workload)):
             self.cluster.check_job(spec)
             job = SimJob(spec, index, self.workload.seed, self.costs_for(spec), spec.arrival_s,
-                         consolidate_tail=self.consolidates_tail)
+                         consolidate_tail=self.consolidates_tail, plans=plans)
             self.jobs.append(job)
             self.loop.at(spec.arrival_s, self._arrive, job)
         horizon = self.workload.horizon_s or float("inf")

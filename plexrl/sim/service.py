@@ -33,7 +33,7 @@ from plexrl.policy.types import Tier
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
-from plexrl.sim.phases import Phase, StepDraws, draw_steps, job_rng, plan_step
+from plexrl.sim.phases import Phase, StepDraws, StepPlans, draw_steps, job_rng, plan_step
 from plexrl.sim.worker import KIND_NAME, Request, SimWorker
 from plexrl.sim.workload import Job
 
@@ -61,7 +61,9 @@ class SimJob:
     rng: np.random.Generator | None = None
     consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas
     draws: list[StepDraws] = field(default_factory=list)  # the next steps' draws, last step first
+    plans: StepPlans | None = None  # shared with other modes of the same workload: plan each step once
     _units: dict[tuple[str, int], list[tuple[SimWorker, ...]]] = field(default_factory=dict)
+    _sids: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = job_rng(self.seed, self.index)
@@ -71,9 +73,15 @@ class SimJob:
         return self.spec.name
 
     def state_id(self, state: str) -> str:
-        return f"{self.spec.name}/{state}"
+        sid = self._sids.get(state)
+        if sid is None:
+            sid = self._sids[state] = f"{self.spec.name}/{state}"
+        return sid
 
     def next_phases(self) -> list[Phase]:
+        if self.plans is not None:
+            return self.plans.step(self.spec, self.seed, self.index, self.costs, self.step,
+                                   len(self.workers["sampler"]), len(self.workers["trainer"]), self.consolidate_tail)
         if not self.draws:
             self.draws = draw_steps(self.spec, self.rng)[::-1]
         return plan_step(self.spec, self.costs, self.draws.pop(), len(self.workers["sampler"]),
@@ -104,12 +112,10 @@ class Service:
         self.estimator = ExecEstimator(prior_s=prior_s)
         self.busy_start, self.busy_end, self.busy_gpus = array("d"), array("d"), array("d")
         self._seq = 0
-        self.jobs_by_name: dict[str, SimJob] = {}
 
     # --- controllers --------------------------------------------------------------------------
     def start(self, job: SimJob) -> None:
         job.started = self.loop.now
-        self.jobs_by_name[job.name] = job
         self._begin_step(job)
 
     def _begin_step(self, job: SimJob) -> None:
@@ -146,10 +152,10 @@ class Service:
         est_s = self.estimator.estimate(sid, fn)  # no call ends while a phase is submitted
         queued: dict[int, Group] = {}  # insertion-ordered: determinism
         for gang, exec_s in zip(gangs, phase.shard_s, strict=True):
-            req = Request(job.name, sid, fn, exec_s, now, gang)
+            req = Request(job, sid, fn, exec_s, now, gang)
             group = gang[0].group
             if not group.waiting and _all_idle(gang):
-                self._run(req)  # nothing to compete with: every policy starts it
+                self._run(req, est_s)  # nothing to compete with: every policy starts it
                 continue
             group.add(self._seq, req, est_s)
             self._seq += 1
@@ -159,11 +165,11 @@ class Service:
 
     def _dispatch(self, group: Group) -> None:
         for req in group.select(self.policy, self.loop.now):
-            self._run(req)
+            self._run(req, self.estimator.estimate(req.state_id, req.fn))
 
-    def _run(self, req: Request) -> None:
+    def _run(self, req: Request, est_s: float) -> None:
         """Make the call's state resident on every GPU of its gang, charge the job, and hold
-        the gang until the call ends."""
+        the gang until the call ends; `est_s` is the call's current execution estimate."""
         now, sid, gang, exec_s = self.loop.now, req.state_id, req.gang, req.exec_s
         resident = True
         for w in gang:
@@ -172,15 +178,15 @@ class Service:
             if state.tier is not DEVICE:
                 resident = False
         switch_s = 0.0 if resident else self._switch_in(gang, req, now)  # resident everywhere: most calls
-        expected_end = now + switch_s + self.estimator.estimate(sid, req.fn)
-        charge_gang(self.ledger, req.job, gang, exec_s, now - req.arrival)
+        expected_end, held_s = now + switch_s + est_s, switch_s + exec_s
+        charge_gang(self.ledger, req.job.name, gang, exec_s, now - req.arrival)
         for w in gang:
             w.busy = True
             w.expected_end = expected_end
             w.current = sid
-            w.busy_s += switch_s + exec_s
+            w.busy_s += held_s
         gang[0].group.idle -= len(gang)
-        end = now + switch_s + exec_s
+        end = now + switch_s + exec_s  # not now + held_s: the float sums stay as pinned
         self.busy_start.append(now)
         self.busy_end.append(end)
         self.busy_gpus.append(len(gang))
@@ -195,13 +201,13 @@ class Service:
         switch_s = max(switch)
         for w, own_s in zip(gang, switch):
             if own_s < switch_s:  # held in the gang while a slower GPU switches
-                self.ledger.charge_transition(req.job, w.wid, "gang_wait", 0, switch_s - own_s)
+                self.ledger.charge_transition(req.job.name, w.wid, "gang_wait", 0, switch_s - own_s)
         return switch_s
 
     def _load(self, worker: SimWorker, req: Request, now: float) -> float:
         seconds = 0.0
         for move in worker.make_resident(req.state_id, now):
-            self.ledger.charge_transition(req.job, worker.wid, KIND_NAME[move.kind], move.nbytes, move.seconds)
+            self.ledger.charge_transition(req.job.name, worker.wid, KIND_NAME[move.kind], move.nbytes, move.seconds)
             seconds += move.seconds
         return seconds
 
@@ -211,7 +217,7 @@ class Service:
         group = req.gang[0].group
         group.idle += len(req.gang)
         self.estimator.observe(req.state_id, req.fn, req.exec_s)
-        job = self.jobs_by_name[req.job]
+        job = req.job
         job.served += 1
         job.outstanding -= 1
         if job.outstanding == 0:

@@ -48,7 +48,7 @@ class Request:
     """One function call of one job, pinned to its gang: the GPUs holding the shards it runs on
     (affinity), all occupied together from dispatch to end."""
 
-    job: str
+    job: "SimJob"  # the controller that issued it (`plexrl.sim.service.SimJob`)
     state_id: str
     fn: str
     exec_s: float
