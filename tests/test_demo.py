@@ -29,7 +29,7 @@ def test_json_has_the_final_table(demo):
     summary, _ = demo
     for key in ("jobs", "cost_reduction", "identical_rewards", "makespan_mux_s", "makespan_sequential_s", "switches"):
         assert key in summary
-    assert len(summary["jobs"]) == 3
+    assert len(summary["jobs"]) == 3 and summary["engine"] == "process"  # the default
     for job in summary["jobs"]:
         for key in ("name", "algorithm", "steps", "reward_first", "reward_last", "consumed_device_s", "reserved_device_s"):
             assert key in job

@@ -4,8 +4,10 @@
 loaded on first use so CPU-only installs without a Ray cluster can still import plexrl.engines.
 
 `session(engine, devices)` and `open_cluster(engine, ...)` are how commands (`plexrl demo`,
-`plexrl run`) pick an engine by name: the same jobs run on a `LocalCluster` ("local": one
-process, a thread per device) or a `RayCluster` ("ray": a Ray actor per device and per node).
+`plexrl run`) pick an engine by name; the same jobs run on
+- "local": `LocalCluster`, one process, a thread per device (the single-process core);
+- "process": `ProcessCluster`, an OS process per device on this machine (no Ray);
+- "ray": `RayCluster`, a Ray actor per device and per node, across machines.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["ENGINES", "RayCluster", "open_cluster", "session"]
+__all__ = ["ENGINES", "ProcessCluster", "RayCluster", "open_cluster", "session"]
 
-ENGINES = ("local", "ray")
+ENGINES = ("local", "process", "ray")
 
 
 def __getattr__(name: str):
@@ -23,6 +25,10 @@ def __getattr__(name: str):
         from plexrl.engines.ray_cluster import RayCluster
 
         return RayCluster
+    if name == "ProcessCluster":
+        from plexrl.engines.process_cluster import ProcessCluster
+
+        return ProcessCluster
     raise AttributeError(f"module 'plexrl.engines' has no attribute {name!r}")
 
 
@@ -40,7 +46,7 @@ def session(engine: str, devices: int) -> Iterator[None]:
     GPUs on its node (clusters of fewer devices use some of them), shut down at the end. Joining
     an existing Ray cluster instead: set RAY_ADDRESS."""
     check_engine(engine)
-    if engine == "local":
+    if engine != "ray":
         yield
         return
     import os
@@ -66,6 +72,10 @@ def open_cluster(engine: str, devices: int, **options):
         from plexrl.runtime.local_cluster import LocalCluster
 
         return LocalCluster(devices=devices, **options)
+    if engine == "process":
+        from plexrl.engines.process_cluster import ProcessCluster
+
+        return ProcessCluster(devices=devices, **options)
     from plexrl.engines.ray_cluster import RayCluster
 
     return RayCluster(nodes=1, devices_per_node=devices, **options)

@@ -32,7 +32,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from plexrl import errors
-from plexrl.engines import ray_functions, ray_setup
+from plexrl.engines import hosting, ray_functions, ray_setup
 from plexrl.engines.ray_node import RayNode
 from plexrl.engines.ray_shm import shm_root
 from plexrl.engines.ray_worker import DeviceWorker
@@ -91,22 +91,18 @@ class RayCluster:
                         host_memory_bytes=host_memory_bytes, threads_per_device=threads_per_device)
         if placement not in ("phase-shift", "first-fit"):
             raise errors.ConfigError(f"placement={placement!r}; expected 'phase-shift' or 'first-fit'")
-        self._owns_ray = address is None and not ray.is_initialized()
-        ray_setup.connect(address, num_gpus=devices_per_node)
-        found = ray_setup.gpu_nodes(devices_per_node)
-        nodes = len(found) if nodes is None else nodes
-        if not 1 <= nodes <= len(found):
-            raise errors.ConfigError(f"nodes={nodes}; expected 1..{len(found)} (Ray nodes with {devices_per_node} GPUs)")
+        self._owns_ray = False
+        self.node_ids = self._find_nodes(address, nodes, devices_per_node)
+        nodes = len(self.node_ids)
         self._tmp = tempfile.mkdtemp(prefix="plexrl-ray-") if workdir is None else None
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp)
-        self.node_ids = [node_id for node_id, _ in found[:nodes]]
         self.devices = nodes * devices_per_node
         self.telemetry = Telemetry(EventLog())  # the driver's own events: placements
         self._name = f"plexrl-{uuid.uuid4().hex[:8]}"
-        self.workers: dict[int, ray.actor.ActorHandle] = {}
+        self.workers: dict[int, object] = {}  # device -> worker handle (engines/hosting.py)
         self.nodes = [self._start_node(g, node_id, devices_per_node, device_memory_bytes, host_memory_bytes,
                                        threads_per_device, torch_device) for g, node_id in enumerate(self.node_ids)]
-        ray.get([w.ping.remote() for w in self.workers.values()] + [n.state_ids.remote() for n in self.nodes])
+        hosting.get([w.ping.remote() for w in self.workers.values()] + [n.state_ids.remote() for n in self.nodes])
         self.router = Router([])  # tables only: requests go to node actors
         view = ResourceView.uniform(pods=1, groups_per_pod=nodes, nodes_per_group=1, devices_per_node=devices_per_node,
                                     device_bytes=device_memory_bytes, host_bytes=host_memory_bytes)
@@ -120,17 +116,37 @@ class RayCluster:
 
     def _start_node(self, group: int, node_id: str, per_node: int, device_bytes: int, host_bytes: int,
                     threads: int, torch_device: str):
-        pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
         ids = list(range(group * per_node, (group + 1) * per_node))
-        workers = {d: DeviceWorkerActor.options(num_gpus=1, num_cpus=0, max_restarts=-1, scheduling_strategy=pinned,
-                                                name=f"{self._name}-worker{d}").remote(d, device_bytes, threads, torch_device)
+        workers = {d: self._host_worker(node_id, f"{self._name}-worker{d}", (d, device_bytes, threads, torch_device))
                    for d in ids}
         self.workers.update(workers)
         shm = shm_root() / f"{self._name}-node{group}"
-        return RayNodeActor.options(num_cpus=0, max_concurrency=NODE_CALL_THREADS, scheduling_strategy=pinned,
-                                    name=f"{self._name}-node{group}").remote(
+        return self._host_node(node_id, f"{self._name}-node{group}", (
             group, ids, workers, device_bytes, host_bytes, self.policy.value, str(self.workdir), str(shm),
-            self.telemetry.epoch)
+            self.telemetry.epoch))
+
+    # -- hosting: Ray actors here; engines/process_cluster.py hosts the same classes without Ray ----
+    engine = "ray"
+
+    def _find_nodes(self, address: str | None, nodes: int | None, per_node: int) -> list:
+        """Join or start Ray; the ids of the `nodes` Ray nodes to use (all with enough GPUs by default)."""
+        self._owns_ray = address is None and not ray.is_initialized()
+        ray_setup.connect(address, num_gpus=per_node)
+        found = ray_setup.gpu_nodes(per_node)
+        nodes = len(found) if nodes is None else nodes
+        if not 1 <= nodes <= len(found):
+            raise errors.ConfigError(f"nodes={nodes}; expected 1..{len(found)} (Ray nodes with {per_node} GPUs)")
+        return [node_id for node_id, _ in found[:nodes]]
+
+    def _host_worker(self, node_id: str, name: str, args: tuple):
+        pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        return DeviceWorkerActor.options(num_gpus=1, num_cpus=0, max_restarts=-1, scheduling_strategy=pinned,
+                                         name=name).remote(*args)
+
+    def _host_node(self, node_id: str, name: str, args: tuple):
+        pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        return RayNodeActor.options(num_cpus=0, max_concurrency=NODE_CALL_THREADS, scheduling_strategy=pinned,
+                                    name=name).remote(*args)
 
     # -- what clients call -----------------------------------------------------------------------
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
@@ -143,7 +159,7 @@ class RayCluster:
             nbytes = _state_bytes(config, trainable)
             memory = [ModelMemory(name, nbytes, nbytes)]
             group = self._admit(provisional_profile(job, memory, self.placer.slot_s), slack, True, admission_timeout)
-        made = _unwrapped(lambda: ray.get(self.nodes[group].add_model.remote(job, name, source, trainable)))
+        made = _unwrapped(lambda: hosting.get(self.nodes[group].add_model.remote(job, name, source, trainable)))
         return self._bind(StateHandle(made["state_id"], job, name, source, trainable, made["device_bytes"],
                                       made["host_bytes"]), group)
 
@@ -172,7 +188,7 @@ class RayCluster:
             seq = self._seq[state.state_id]
             self._seq[state.state_id] += 1
         ref = self.nodes[group].call.remote(future.request_id, state.job, state.state_id, fn, payload, mutates, seq)
-        ref.future().add_done_callback(lambda done: self._resolve(done, future, state, fn, group))
+        hosting.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group))
         return future
 
     def _resolve(self, done, future: APIFuture, state: StateHandle, fn: str, group: int) -> None:
@@ -223,7 +239,7 @@ class RayCluster:
     def finish_job(self, job: str) -> None:
         group = self.router.placement(job)
         if group is not None:
-            ray.get(self.nodes[group].remove_job.remote(job))
+            hosting.get(self.nodes[group].remove_job.remote(job))
             for state_id in [sid for sid, h in list(self._handles.items()) if h.job == job]:
                 self.router.unbind(state_id)
             self.router.forget(job)
@@ -232,11 +248,11 @@ class RayCluster:
     # -- observability ---------------------------------------------------------------------------
     def node_states(self) -> list[list[str]]:
         """The state ids each node's StateManager holds (affinity checks)."""
-        return ray.get([n.state_ids.remote() for n in self.nodes])
+        return hosting.get([n.state_ids.remote() for n in self.nodes])
 
     def events(self) -> list[dict]:
         merged = self.telemetry.events.snapshot()
-        for part in ray.get([n.events.remote() for n in self.nodes]):
+        for part in hosting.get([n.events.remote() for n in self.nodes]):
             merged += part
         return sorted(merged, key=lambda e: e["t"])
 
@@ -245,14 +261,14 @@ class RayCluster:
         return write_jsonl(self.events(), path)
 
     def metrics(self) -> dict:
-        out = merge_summaries(ray.get([n.summary.remote() for n in self.nodes]))
+        out = merge_summaries(hosting.get([n.summary.remote() for n in self.nodes]))
         placements = self.placer.summary()
         for job, usage in out["jobs"].items():
             placed = placements.get(job, {})
             usage["placement"] = {**placed, "node": placed.get("group")}
             usage["phase_shift_s"] = placed.get("phase_shift_s")
             usage["queueing_delay_s"] = placed.get("queueing_delay_s", 0.0)
-        out.update(policy=self.policy.value, devices=self.devices, nodes=len(self.nodes), engine="ray",
+        out.update(policy=self.policy.value, devices=self.devices, nodes=len(self.nodes), engine=self.engine,
                    uptime_s=self.telemetry.now(), placement=placements, migrations=0)
         return out
 
@@ -261,9 +277,9 @@ class RayCluster:
         if self._closed:
             return
         self._closed = True
-        ray.get([n.close.remote() for n in self.nodes])
+        hosting.get([n.close.remote() for n in self.nodes])
         for actor in [*self.nodes, *self.workers.values()]:
-            ray.kill(actor)
+            hosting.kill(actor)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
         if self._owns_ray:
@@ -327,7 +343,7 @@ def _user_error(exc: BaseException) -> BaseException:
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BaseException):
         return cause
-    if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+    if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, hosting.WorkerGone)):
         return errors.WorkerFailed(f"the node runtime holding this model is unreachable: {exc}")
     return exc
 

@@ -28,6 +28,7 @@ import ray
 import torch
 
 from plexrl import errors
+from plexrl.engines import hosting
 from plexrl.engines.ray_shm import SharedHostBuffers
 from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
 from plexrl.runtime.arena import DeviceArena
@@ -38,7 +39,7 @@ from plexrl.runtime.state import ModelState, load_module, skeleton_like
 from plexrl.runtime.state_manager import StateManager, host_side_end
 from plexrl.runtime.telemetry import Telemetry
 
-WORKER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+WORKER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, hosting.WorkerGone)
 RESTART_TIMEOUT_S = 300.0
 RESTART_POLL_S = 0.05
 
@@ -127,7 +128,7 @@ class RayNode:
         module = load_module(source)
         state = ModelState(f"{job}/{name}", job, name, module, trainable, source)
         self.sm.add(state)
-        ray.get(prepared)  # every worker of the node can run the model from its first call on
+        hosting.get(prepared)  # every worker of the node can run the model from its first call on
         return {"state_id": state.state_id, "device_bytes": state.device_bytes, "host_bytes": state.host_bytes}
 
     def remove_job(self, job: str) -> None:
@@ -170,7 +171,7 @@ class RayNode:
         result, error, timing = None, None, {}
         try:
             steps = self._offload_elsewhere(plan, request.job, device)
-            reply = ray.get(self.workers[device].run.remote(
+            reply = hosting.get(self.workers[device].run.remote(
                 [self._step_spec(t) for t in steps], request.fn, request.run, request.state_id, request.mutates))
             self._book(steps, reply, request, device, dispatched)
             timing = {"wall_s": reply["wall_s"], "device_s": reply["device_s"]}
@@ -202,7 +203,7 @@ class RayNode:
                 continue
             start = self.telemetry.now()
             try:
-                seconds = ray.get(self.workers[t.device].offload.remote(t.state_id, self.sm.states[t.state_id].dirty))
+                seconds = hosting.get(self.workers[t.device].offload.remote(t.state_id, self.sm.states[t.state_id].dirty))
             except WORKER_GONE:
                 self.sm.lose_device(t.device)  # its copy is gone; the host copy is current
                 continue
@@ -256,7 +257,7 @@ class RayNode:
         deadline = time.monotonic() + RESTART_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                ray.get(self.workers[device].ping.remote(), timeout=RESTART_TIMEOUT_S)
+                hosting.get(self.workers[device].ping.remote(), timeout=RESTART_TIMEOUT_S)
                 self.telemetry.events.emit(self.telemetry.now(), "worker_restarted", node=self.node, device=device)
                 return
             except WORKER_GONE:

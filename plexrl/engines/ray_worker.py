@@ -20,7 +20,6 @@ import threading
 import time
 from typing import Any
 
-import ray
 import torch
 
 from plexrl.engines import ray_functions
@@ -46,7 +45,9 @@ class DeviceWorker:
         return self.device
 
     def where(self) -> str:
-        """The Ray node id this worker runs on (affinity checks)."""
+        """The Ray node id this worker runs on (affinity checks; Ray engine only)."""
+        import ray
+
         return ray.get_runtime_context().get_node_id()
 
     # -- the one call the scheduler makes per request --------------------------------------------

@@ -5,6 +5,9 @@
    the job reserves its device for its whole wall time);
 3) multiplexed: the three controllers run concurrently (threads) on one 2-device cluster whose
    device budget holds about one job's working set per device, so states must be swapped;
+   both clusters on the same engine (`--engine`): by default a process per device, so that the
+   two devices compute in parallel and are charged their own CPU time, as GPUs would be — worker
+   threads of one interpreter would take turns on its lock (`--engine local` shows that);
 4) compare: reward curves (must be identical: every sample has an explicit seed), device-seconds
    consumed vs reserved, makespan; write plots, the event log and summary.json into --out.
 
@@ -77,8 +80,9 @@ def parse_args(argv):
     parser.add_argument("--json", action="store_true", help="print one JSON object with the final figures, nothing else")
     parser.add_argument("--out", default="plexrl-demo", help="folder for plots, events and summary (default ./plexrl-demo)")
     parser.add_argument("--policy", default="plexrl", help="scheduling policy of the multiplexed cluster (default plexrl)")
-    parser.add_argument("--engine", default="local", choices=engines.ENGINES,
-                        help="local: one process, a thread per device (default); ray: Ray actors per device and node")
+    parser.add_argument("--engine", default="process", choices=engines.ENGINES,
+                        help="process: a process per device (default); local: one process, a thread per "
+                             "device; ray: Ray actors per device and node")
     return parser.parse_args(argv)
 
 

@@ -75,7 +75,7 @@ def load(path: str | Path) -> JobsFile:
         raise JobsFileError("\n".join([f"{path}: {len(error.errors())} problem(s)"] + describe_errors(error))) from None
 
 
-def run(spec: JobsFile, on_step=None, engine: str = "local") -> dict:
+def run(spec: JobsFile, on_step=None, engine: str = "process") -> dict:
     models = {job.name: str(warm_model(job.task, job.model)) for job in spec.jobs}
     teachers = {job.name: str(warm_model(job.task, job.model, steps=job.teacher_warm_start_steps))
                 for job in spec.jobs if job.algorithm == "distill"}
@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("jobs_file", help="YAML file with 'jobs:' (and optionally 'cluster:')")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results")
     parser.add_argument("--check", action="store_true", help="validate the file and exit")
-    parser.add_argument("--engine", default="local", choices=engines.ENGINES,
-                        help="local: one process, a thread per device (default); ray: Ray actors per device and node")
+    parser.add_argument("--engine", default="process", choices=engines.ENGINES,
+                        help="process: a process per device (default); local: one process, a thread per "
+                             "device; ray: Ray actors per device and node")
     args = parser.parse_args(argv)
     try:
         spec = load(args.jobs_file)

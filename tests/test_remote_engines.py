@@ -1,13 +1,15 @@
-"""The Ray engine on one Ray node with 2 logical GPUs (plexrl/engines/ray_*.py).
+"""The engines that host the runtime in other processes: the process engine (a process per
+device, no Ray) and the Ray engine on one Ray node with 2 logical GPUs (plexrl/engines/*).
+Every test runs on both.
 
 Invariants checked, as in tests/test_runtime_invariants.py but across processes:
-- transparency: a job multiplexed with another on Ray ends bitwise equal to the same job run
-  alone on the local engine (same seeds, one thread per device);
-- calls of one model run in submission order, whatever order Ray delivers them in;
+- transparency: a job multiplexed with another ends bitwise equal to the same job run alone on
+  the local engine (same seeds, one thread per device);
+- calls of one model run in submission order, whatever order they are delivered in;
 - a bad call fails through its future and the cluster carries on;
-- a worker killed mid-call fails that call with the retriable WorkerFailed, Ray restarts the
-  worker, the state is back to its last completed call, and the job continues.
-One Ray instance and one RayCluster for the module (Ray start-up dominates the cost).
+- a worker killed mid-call fails that call with the retriable WorkerFailed, the worker is
+  restarted, the state is back to its last completed call, and the job continues.
+One cluster per engine for the module (start-up dominates the cost).
 """
 
 from __future__ import annotations
@@ -21,9 +23,6 @@ import pytest
 import plexrl
 from tests.helpers import datum
 from plexrl import errors
-
-ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
 
 MiB = 1 << 20
 TIMEOUT_S = 120  # generous: two cores are shared with other test runs
@@ -57,13 +56,15 @@ def trainer_bytes(tiny_model):
     return ModelState("x/p", "x", "p", load_module(tiny_model), True, tiny_model).device_bytes
 
 
-@pytest.fixture(scope="module")
-def cluster(ray_node, trainer_bytes):
-    from plexrl.engines.ray_cluster import RayCluster
+@pytest.fixture(scope="module", params=["process", pytest.param("ray", marks=pytest.mark.ray)])
+def cluster(request, trainer_bytes):
+    from plexrl import engines
 
+    if request.param == "ray":
+        request.getfixturevalue("ray_node")
     # Room for one trainer and one snapshot per device: two jobs must keep switching.
-    with RayCluster(devices_per_node=2, device_memory_bytes=trainer_bytes + trainer_bytes // 4 + 4096,
-                    host_memory_bytes=256 * MiB) as c:
+    with engines.open_cluster(request.param, 2, device_memory_bytes=trainer_bytes + trainer_bytes // 4 + 4096,
+                              host_memory_bytes=256 * MiB) as c:
         yield c
 
 
@@ -88,10 +89,10 @@ def test_every_function_end_to_end(cluster, tiny_model):
     np.testing.assert_array_equal(flat, cluster.fetch_weights(trainer.state))
     metrics = cluster.metrics()
     assert metrics["jobs"]["api"]["requests"] >= 5 and metrics["jobs"]["api"]["failed"] == 0
-    assert metrics["engine"] == "ray" and metrics["devices"] == 2
+    assert metrics["engine"] == cluster.engine and metrics["devices"] == 2
 
 
-def test_transparency_ray_multiplexed_equals_local_alone(cluster, tiny_model, trainer_bytes):
+def test_transparency_multiplexed_equals_local_alone(cluster, tiny_model, trainer_bytes):
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as local:
         solo = rl_job(local, "job-a", tiny_model, seed=1).state.flat_weights().numpy().copy()
     switches_before = cluster.metrics()["switches"]
@@ -104,7 +105,7 @@ def test_transparency_ray_multiplexed_equals_local_alone(cluster, tiny_model, tr
         t.join(TIMEOUT_S * 4)
     assert cluster.metrics()["switches"] - switches_before > 4, "the budget was meant to force switches"
     np.testing.assert_array_equal(cluster.fetch_weights(trainers["job-a"].state), solo,
-                                  err_msg="running on Ray (multiplexed) changed job-a's weights")
+                                  err_msg=f"running on the {cluster.engine} engine (multiplexed) changed job-a's weights")
     assert not np.array_equal(cluster.fetch_weights(trainers["job-b"].state), solo)
 
 
@@ -130,7 +131,7 @@ def test_bad_call_fails_through_its_future_and_the_cluster_carries_on(cluster, t
 
 
 def test_worker_death_fails_the_call_and_the_job_continues(cluster, tiny_model):
-    """Runs last in this module: it kills a worker process (Ray restarts it)."""
+    """Runs last for each engine: it kills a worker process (the engine restarts it)."""
     trainer = cluster.service_client(job="crash").create_training_client(base_model=tiny_model, seed=0)
     trainer.forward_backward([datum([5, 6, 7, 8])])
     trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)

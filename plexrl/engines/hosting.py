@@ -1,0 +1,191 @@
+"""Where an engine's components run: Ray actors, or (without Ray) OS processes and threads.
+
+The engine's classes (`RayNode`, `DeviceWorker`) are written once; a *handle* says how they are
+reached. All handles look like Ray actor handles: `handle.method.remote(*args)` returns a
+reference, `get(ref)` waits for it, `as_future(ref)` gives a `concurrent.futures.Future`.
+
+- a Ray actor handle: the Ray engine (`RayCluster`), across nodes;
+- `ProcessActor`: the object lives in its own OS process, calls cross a socket pair — the
+  process engine's device workers, so that each device computes in parallel with every other
+  one and with the job controllers, free of the driver's interpreter lock;
+- `ThreadActor`: the object lives in this process; each call runs on a thread (a node runtime
+  in the process engine, whose calls block while queued, like a threaded Ray actor).
+
+Failure semantics of `ProcessActor` mirror a Ray actor with `max_restarts=-1`: when its process
+dies, every call in flight fails with `WorkerGone` and a new process is started with the same
+constructor arguments; calls made meanwhile run once it is up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+
+class WorkerGone(RuntimeError):
+    """The process hosting an actor died while a call was in flight (or before it was sent)."""
+
+
+class _Method:
+    __slots__ = ("_call", "_name")
+
+    def __init__(self, call, name: str):
+        self._call, self._name = call, name
+
+    def remote(self, *args) -> Future:
+        return self._call(self._name, args)
+
+
+class ThreadActor:
+    """`obj` in this process; every call on a thread of a pool of `max_concurrency`."""
+
+    def __init__(self, obj: Any, max_concurrency: int, name: str):
+        self._obj = obj
+        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix=name)
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Method(self._submit, name)
+
+    def _submit(self, name: str, args: tuple) -> Future:
+        return self._pool.submit(getattr(self._obj, name), *args)
+
+    def kill(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ProcessActor:
+    """`cls(*args)` in its own process; calls run there one at a time, in order."""
+
+    def __init__(self, cls: type, args: tuple, name: str):
+        self._cls, self._args, self.name = cls, args, name
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._killed = False
+        self.restarts = 0
+        with self._lock:
+            self._start()
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Method(self._call, name)
+
+    def _start(self) -> None:
+        """A fresh process and its reader thread (under the lock). The child is a plain
+        `python -m plexrl.engines.hosting FD`, not a multiprocessing child: it never re-imports
+        the caller's main script; its stdout goes to stderr (a command's stdout stays its own)."""
+        ours, theirs = socket.socketpair()
+        process = subprocess.Popen([sys.executable, "-m", "plexrl.engines.hosting", str(theirs.fileno())],
+                                   pass_fds=(theirs.fileno(),), stdout=2)
+        theirs.close()
+        conn = Connection(ours.detach())
+        conn.send_bytes(cloudpickle.dumps((self._cls, self._args)))
+        self._conn, self._process = conn, process
+        threading.Thread(target=self._read, args=(conn, process), name=f"{self.name}-reader", daemon=True).start()
+
+    def _call(self, name: str, args: tuple) -> Future:
+        future: Future = Future()
+        message = cloudpickle.dumps((name, args))  # by value: closures and custom losses too
+        with self._lock:
+            if self._killed:
+                future.set_exception(WorkerGone(f"{self.name} was shut down"))
+                return future
+            call_id = next(self._ids)
+            self._pending[call_id] = future
+            try:
+                self._conn.send_bytes(pickle.dumps((call_id, message)))
+            except (OSError, ValueError):
+                pass  # the process is gone: the reader fails this call and restarts it
+        return future
+
+    def _read(self, conn, process) -> None:
+        while True:
+            try:
+                call_id, ok, value = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            with self._lock:
+                future = self._pending.pop(call_id)
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        process.wait()
+        with self._lock:
+            lost, self._pending = self._pending, {}
+            if not self._killed:
+                self.restarts += 1
+                self._start()
+        for future in lost.values():
+            future.set_exception(WorkerGone(
+                f"{self.name}'s process died (exit code {process.returncode}) with this call in flight"))
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+            self._conn.close()
+        self._process.kill()
+        self._process.wait()
+
+
+def _serve(conn: Connection) -> None:
+    """The child's loop: build the object, then answer calls until the pipe closes."""
+    cls, args = pickle.loads(conn.recv_bytes())
+    obj = cls(*args)
+    while True:
+        try:
+            call_id, message = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        name, call_args = pickle.loads(message)
+        try:
+            reply = (call_id, True, getattr(obj, name)(*call_args))
+        except Exception as exc:  # the caller's error: it travels back, the worker carries on
+            reply = (call_id, False, exc)
+        try:
+            data = cloudpickle.dumps(reply)
+        except Exception as exc:
+            data = pickle.dumps((call_id, False, RuntimeError(f"{name} returned something that cannot be "
+                                                              f"sent back: {type(exc).__name__}: {exc}")))
+        conn.send_bytes(data)
+
+
+# -- what engine code calls, whatever the handle ----------------------------------------------------
+def get(ref: Any, timeout: float | None = None) -> Any:
+    """The value of a reference (or of each in a list), waiting for it."""
+    if isinstance(ref, list):
+        return [get(r, timeout) for r in ref]
+    if isinstance(ref, Future):
+        return ref.result(timeout)
+    import ray
+
+    return ray.get(ref, timeout=timeout)
+
+
+def as_future(ref: Any) -> Future:
+    return ref if isinstance(ref, Future) else ref.future()
+
+
+def kill(handle: Any) -> None:
+    if isinstance(handle, (ProcessActor, ThreadActor)):
+        handle.kill()
+        return
+    import ray
+
+    ray.kill(handle)
+
+
+if __name__ == "__main__":  # a ProcessActor's child: python -m plexrl.engines.hosting FD
+    _serve(Connection(int(sys.argv[1])))

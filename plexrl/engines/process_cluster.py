@@ -1,0 +1,49 @@
+"""The process engine: one OS process per device on this machine, no Ray.
+
+    ProcessCluster (driver: admission, routing, futures — RayCluster's front, unchanged)
+      └ per node group: RayNode in the driver (StateManager with shared-memory host buffers +
+                        group scheduler), called on threads
+                        DeviceWorker per device in its own spawned process (arena, modules)
+
+The same classes as the Ray engine, hosted by engines/hosting.py instead of Ray. Why it exists:
+on a CPU machine, worker *threads* of one interpreter take turns on its lock — two devices
+decoding at once run one after the other, and every call pays lock hand-offs with the job
+controllers. Worker processes compute in parallel and are charged their own CPU time only.
+Calls cost a pipe round trip (~0.1 ms), not a Ray hop.
+
+Failures as on Ray: a worker process that dies fails its in-flight call with WorkerFailed
+(retriable), is restarted, and its states come back from their host copies (write-through).
+"""
+
+from __future__ import annotations
+
+from plexrl.engines.hosting import ProcessActor, ThreadActor
+from plexrl.engines.ray_cluster import NODE_CALL_THREADS, RayCluster
+from plexrl.engines.ray_node import RayNode
+from plexrl.engines.ray_worker import DeviceWorker
+from plexrl.errors import ConfigError
+
+
+class ProcessCluster(RayCluster):
+    """`ProcessCluster(devices=2, nodes=1, device_memory_bytes=..., host_memory_bytes=..., policy=...)`:
+    `devices` per node group (each group its own StateManager, as the nodes of the Ray engine)."""
+
+    engine = "process"
+
+    def __init__(self, devices: int = 2, nodes: int = 1, **options):
+        if "address" in options or "devices_per_node" in options:
+            raise ConfigError("ProcessCluster runs on this machine: give devices= and nodes=, not address= "
+                              "or devices_per_node= (those are RayCluster's)")
+        super().__init__(None, nodes, devices, **options)
+
+    def _find_nodes(self, address, nodes: int | None, per_node: int) -> list:
+        nodes = 1 if nodes is None else nodes
+        if nodes < 1:
+            raise ConfigError(f"nodes={nodes}; expected at least 1")
+        return [None] * nodes
+
+    def _host_worker(self, node_id, name: str, args: tuple):
+        return ProcessActor(DeviceWorker, args, name)
+
+    def _host_node(self, node_id, name: str, args: tuple):
+        return ThreadActor(RayNode(*args), NODE_CALL_THREADS, name)
