@@ -1,7 +1,10 @@
 """The discrete-event loop: a heap of (time, sequence, handler, argument) on virtual time.
 
 Events at equal times run in the order they were scheduled (the sequence number breaks
-ties), which makes a run a pure function of its inputs. `events` counts handlers run.
+ties), which makes a run a pure function of its inputs. `events` counts the simulated
+occurrences processed: every handler run, plus those a handler processed on behalf of events
+it stands for (`count`: the call ends of a phase that the service ends together, each with its
+own reserved sequence number so everything else is ordered as if they had been scheduled).
 """
 
 from __future__ import annotations
@@ -22,6 +25,21 @@ class EventLoop:
             raise ValueError(f"cannot schedule an event at t={time} before now={self.now}")
         heapq.heappush(self._heap, (time, self._seq, handler, arg))
         self._seq += 1
+
+    def reserve(self) -> int:
+        """Take the sequence number the next `at` would take, for `at_reserved`."""
+        self._seq += 1
+        return self._seq - 1
+
+    def at_reserved(self, time: float, seq: int, handler: Callable[[Any], None], arg: Any = None) -> None:
+        """Schedule an event under a sequence number taken earlier with `reserve`."""
+        if time < self.now:
+            raise ValueError(f"cannot schedule an event at t={time} before now={self.now}")
+        heapq.heappush(self._heap, (time, seq, handler, arg))
+
+    def count(self, n: int) -> None:
+        """`n` more occurrences processed by the running handler on behalf of other events."""
+        self.events += n
 
     def run(self, until: float = float("inf")) -> None:
         heap, pop, events = self._heap, heapq.heappop, 0

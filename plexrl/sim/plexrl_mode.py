@@ -65,6 +65,7 @@ class PlexRLMode(Mode):
     name = "plexrl"
     charges_reserved = False
     consolidates_tail = True
+    exclusive_groups = False  # jobs share node groups: every call goes through the request policy
 
     def __init__(self, *args, placer: Callable[..., Placer] = Placer, consolidate_tail: bool = True, **kwargs):
         super().__init__(*args, **kwargs)

@@ -80,11 +80,12 @@ class Mode:
     name = "mode"
     charges_reserved = True  # baselines pay for reserved devices; PlexRL for consumed ones
     consolidates_tail = False  # a job that owns its devices frees nothing by consolidating
+    exclusive_groups = True  # each group serves one job (the baselines): no request ever competes
 
     def __init__(self, workload: Workload, cluster: Cluster, policy: Policy = Policy.PLEXRL):
         self.workload, self.cluster, self.policy = workload, cluster, policy
         self.loop = EventLoop()
-        self.service = Service(self.loop, policy, self._job_done)
+        self.service = Service(self.loop, policy, self._job_done, exclusive=self.exclusive_groups)
         self.waiting: list[SimJob] = []
         self.jobs: list[SimJob] = []
         self._next_wid = 0
@@ -142,6 +143,7 @@ class Mode:
             self.loop.at(spec.arrival_s, self._arrive, job)
         horizon = self.workload.horizon_s or float("inf")
         self.loop.run(until=horizon)
+        self.service.finish(horizon)
         end = self.loop.now if horizon == float("inf") else horizon
         return self._result(end, time.perf_counter() - t0)
 

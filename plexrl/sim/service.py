@@ -104,8 +104,11 @@ class SimJob:
 
 
 class Service:
-    def __init__(self, loop: EventLoop, policy: Policy, on_job_done: Callable[[SimJob], None], prior_s: float = 60.0):
+    def __init__(self, loop: EventLoop, policy: Policy, on_job_done: Callable[[SimJob], None], prior_s: float = 60.0,
+                 exclusive: bool = False):
         self.loop = loop
+        self.exclusive = exclusive  # every group serves one job: no decision is ever made (baselines)
+        self._together: dict[SimJob, list[tuple[float, int, Request]]] = {}  # phases ending together
         self.policy = policy
         self.on_job_done = on_job_done
         self.ledger = Ledger()
@@ -150,6 +153,8 @@ class Service:
         job.outstanding = len(gangs)
         job.submitted += len(gangs)
         est_s = self.estimator.estimate(sid, fn)  # no call ends while a phase is submitted
+        if self.exclusive and self._run_together(job, sid, fn, gangs, phase.shard_s, est_s, now):
+            return
         queued: dict[int, Group] = {}  # insertion-ordered: determinism
         for gang, exec_s in zip(gangs, phase.shard_s, strict=True):
             req = Request(job, sid, fn, exec_s, now, gang)
@@ -168,8 +173,11 @@ class Service:
             self._run(req, self.estimator.estimate(req.state_id, req.fn))
 
     def _run(self, req: Request, est_s: float) -> None:
+        self.loop.at(self._hold(req, est_s), self._done, req)
+
+    def _hold(self, req: Request, est_s: float) -> float:
         """Make the call's state resident on every GPU of its gang, charge the job, and hold
-        the gang until the call ends; `est_s` is the call's current execution estimate."""
+        the gang; returns when the call ends. `est_s` is the call's current execution estimate."""
         now, sid, gang, exec_s = self.loop.now, req.state_id, req.gang, req.exec_s
         resident = True
         for w in gang:
@@ -190,7 +198,7 @@ class Service:
         self.busy_start.append(now)
         self.busy_end.append(end)
         self.busy_gpus.append(len(gang))
-        self.loop.at(end, self._done, req)
+        return end
 
     def _switch_in(self, gang: tuple[SimWorker, ...], req: Request, now: float) -> float:
         """Make `req`'s state resident on every GPU of the gang where it is not; charge each GPU's
@@ -210,6 +218,42 @@ class Service:
             self.ledger.charge_transition(req.job.name, worker.wid, KIND_NAME[move.kind], move.nbytes, move.seconds)
             seconds += move.seconds
         return seconds
+
+    def _run_together(self, job: SimJob, sid: str, fn: str, gangs: list[tuple[SimWorker, ...]],
+                      shard_s: tuple[float, ...], est_s: float, now: float) -> bool:
+        """Exclusive groups: start every call of the phase now and end them in one event, at
+        the last call's end and sequence number, which is where that call's `_done` would run.
+        Nothing else reads these GPUs in between and no decision reads the estimates, so only
+        the event count (`EventLoop.count`) and `served` need the earlier ends. False, with
+        nothing started, when some gang is not free."""
+        for gang in gangs:
+            if gang[0].group.waiting or not _all_idle(gang):
+                return False
+        reserve = self.loop.reserve
+        calls = [(self._hold(Request(job, sid, fn, exec_s, now, gang), est_s), reserve(), gang)
+                 for gang, exec_s in zip(gangs, shard_s, strict=True)]
+        self._together[job] = calls
+        end, seq, _ = max(calls, key=_end_key)
+        self.loop.at_reserved(end, seq, self._done_together, job)
+        return True
+
+    def _done_together(self, job: SimJob) -> None:
+        calls = self._together.pop(job)
+        for _, _, gang in calls:
+            for w in gang:
+                w.busy = False
+            gang[0].group.idle += len(gang)
+        self.loop.count(len(calls) - 1)  # this handler is the last call's end; the others ended before
+        job.served += len(calls)
+        job.outstanding = 0
+        self._advance(job)
+
+    def finish(self, until: float) -> None:
+        """At the horizon: count the calls of phases ending together that ended by `until`."""
+        for job, calls in self._together.items():
+            ended = sum(1 for end, _, _ in calls if end <= until)
+            job.served += ended
+            self.loop.count(ended)
 
     def _done(self, req: Request) -> None:
         for w in req.gang:
@@ -237,6 +281,10 @@ def charge_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: f
         device_busy[w.wid] += exec_s
     usage.queue_wait_s += wait_s
     usage.requests += 1
+
+
+def _end_key(call: tuple[float, int, object]) -> tuple[float, int]:
+    return call[0], call[1]
 
 
 def _all_idle(gang: tuple[SimWorker, ...]) -> bool:
