@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import plexrl
 
 
 def datum(ids, **extra) -> plexrl.Datum:
     """A next-token datum over `ids` (Tinker convention: targets are the inputs shifted by one)."""
     return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
+
+
+def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout: float = 120):
+    """A small policy-gradient loop over every function of the API: sample, old log-probs,
+    importance-sampling update, weight sync, a step mark. Returns the job's training client."""
+    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed)
+    prompt = [5 + seed, 6, 7]
+    for step in range(steps):
+        sampler = trainer.save_weights_and_get_sampling_client()
+        out = sampler.sample(plexrl.ModelInput.from_ints(prompt), num_samples=3,
+                             sampling_params=plexrl.SamplingParams(max_tokens=5, seed=100 * seed + step)).result(timeout)
+        rewards = np.array([float(sum(s.tokens) % 7) for s in out.sequences])
+        data = []
+        for seq, adv in zip(out.sequences, rewards - rewards.mean()):
+            ids = prompt + seq.tokens
+            old = sampler.compute_logprobs(plexrl.ModelInput.from_ints(ids)).result(timeout)
+            advantages = np.zeros(len(ids) - 1, dtype=np.float32)
+            advantages[len(prompt) - 1:] = adv
+            data.append(datum(ids, logprobs=np.array(old[1:], dtype=np.float32), advantages=advantages))
+        trainer.forward_backward(data, loss_fn="importance_sampling").result(timeout)
+        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(timeout)
+        cluster.report_step(job, step)
+    return trainer

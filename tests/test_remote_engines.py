@@ -21,32 +21,11 @@ import numpy as np
 import pytest
 
 import plexrl
-from tests.helpers import datum
+from tests.helpers import datum, rl_job
 from plexrl import errors
 
 MiB = 1 << 20
 TIMEOUT_S = 120  # generous: two cores are shared with other test runs
-
-
-def rl_job(cluster, job, model_dir, seed, steps=2):
-    """Sample, score, importance-sampling update, weight sync: every function of the API."""
-    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed)
-    prompt = [5 + seed, 6, 7]
-    for step in range(steps):
-        sampler = trainer.save_weights_and_get_sampling_client()
-        out = sampler.sample(plexrl.ModelInput.from_ints(prompt), num_samples=3,
-                             sampling_params=plexrl.SamplingParams(max_tokens=5, seed=100 * seed + step)).result(TIMEOUT_S)
-        rewards = np.array([float(sum(s.tokens) % 7) for s in out.sequences])
-        data = []
-        for seq, adv in zip(out.sequences, rewards - rewards.mean()):
-            ids = prompt + seq.tokens
-            old = sampler.compute_logprobs(plexrl.ModelInput.from_ints(ids)).result(TIMEOUT_S)
-            advantages = np.zeros(len(ids) - 1, dtype=np.float32)
-            advantages[len(prompt) - 1:] = adv
-            data.append(datum(ids, logprobs=np.array(old[1:], dtype=np.float32), advantages=advantages))
-        trainer.forward_backward(data, loss_fn="importance_sampling").result(TIMEOUT_S)
-        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
-    return trainer
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +73,13 @@ def test_every_function_end_to_end(cluster, tiny_model):
 
 def test_transparency_multiplexed_equals_local_alone(cluster, tiny_model, trainer_bytes):
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as local:
-        solo = rl_job(local, "job-a", tiny_model, seed=1).state.flat_weights().numpy().copy()
+        solo = rl_job(local, "job-a", tiny_model, seed=1, steps=2).state.flat_weights().numpy().copy()
     switches_before = cluster.metrics()["switches"]
     trainers = {}
-    threads = [threading.Thread(target=lambda j=j, s=s: trainers.__setitem__(j, rl_job(cluster, j, tiny_model, s)))
+    def run(job, seed):
+        trainers[job] = rl_job(cluster, job, tiny_model, seed, steps=2)
+
+    threads = [threading.Thread(target=run, args=(j, s))
                for j, s in (("job-a", 1), ("job-b", 2))]
     for t in threads:
         t.start()

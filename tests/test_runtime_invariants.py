@@ -13,42 +13,16 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import plexrl
-from tests.helpers import datum
+from tests.helpers import datum, rl_job
 from plexrl import errors
 
 MiB = 1 << 20
-
-
-def rl_job(cluster, job, model_dir, seed, steps=3):
-    """A small policy-gradient loop: sample, score, importance-sampling update. Returns final weights."""
-    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed)
-    prompt = [5 + seed, 6, 7]
-    for step in range(steps):
-        sampler = trainer.save_weights_and_get_sampling_client()
-        out = sampler.sample(plexrl.ModelInput.from_ints(prompt), num_samples=4,
-                             sampling_params=plexrl.SamplingParams(max_tokens=6, seed=100 * seed + step)).result()
-        rewards = np.array([float(sum(s.tokens) % 7) for s in out.sequences])
-        advantages = rewards - rewards.mean()
-        data = []
-        for seq, adv in zip(out.sequences, advantages):
-            tokens = prompt + seq.tokens
-            n = len(tokens) - 1
-            logprobs = np.zeros(n, dtype=np.float32)
-            logprobs[len(prompt) - 1:] = seq.logprobs
-            adv_tokens = np.zeros(n, dtype=np.float32)
-            adv_tokens[len(prompt) - 1:] = adv
-            data.append(datum(tokens, logprobs=logprobs, advantages=adv_tokens))
-        trainer.forward_backward(data, loss_fn="importance_sampling")
-        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result()
-        cluster.report_step(job, step)
-    return trainer.state.flat_weights().clone()
 
 
 def replay_budgets(events, device_capacity, host_capacity):
@@ -87,13 +61,17 @@ def replay_budgets(events, device_capacity, host_capacity):
 def test_transparency_multiplexed_equals_alone(tiny_model):
     state_bytes = None
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as alone:
-        solo = rl_job(alone, "job-a", tiny_model, seed=1)
+        solo = rl_job(alone, "job-a", tiny_model, seed=1).state.flat_weights().clone()
         state_bytes = alone.state_managers[0].states["job-a/policy"].device_bytes
     # Room for one trainer and one snapshot per device: three jobs must keep switching.
     budget = state_bytes + state_bytes // 4 + 4096
     with plexrl.LocalCluster(devices=2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as shared:
         results = {}
-        threads = [threading.Thread(target=lambda j=j, s=s: results.__setitem__(j, rl_job(shared, j, tiny_model, s)))
+
+        def run(job, seed):
+            results[job] = rl_job(shared, job, tiny_model, seed).state.flat_weights().clone()
+
+        threads = [threading.Thread(target=run, args=(j, s))
                    for j, s in (("job-a", 1), ("job-b", 2), ("job-c", 3))]
         for t in threads:
             t.start()

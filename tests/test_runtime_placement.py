@@ -13,7 +13,7 @@ import plexrl
 from plexrl import errors
 from plexrl.policy import JobProfile, ModelMemory
 from tests.helpers import datum
-from tests.test_runtime_invariants import rl_job
+from tests.helpers import rl_job
 
 MiB = 1 << 20
 
