@@ -80,7 +80,7 @@ class PlexRLMode(Mode):
 
     def _arrive(self, job: SimJob) -> None:
         self.by_name[job.name] = job
-        profile = job_profile(job.spec, job.costs, job.seed, job.index, job.consolidate_tail)
+        profile = job_profile(job.spec, job.costs, job.seed, job.index, job.consolidate_tail, job.plans)
         if len(self.empty_view.feasible_groups(profile)) == 0:
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")

@@ -11,7 +11,7 @@ import numpy as np
 
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.sim.latency import JobCosts
-from plexrl.sim.phases import Phase, first_step, plan_step, states_of
+from plexrl.sim.phases import Phase, StepPlans, first_step, plan_step, states_of
 from plexrl.sim.workload import Job
 
 SLOTS = 64
@@ -44,8 +44,13 @@ def state_bytes(job: Job, costs: JobCosts) -> dict[str, int]:
     return {s: sizes[s] for s in states_of(job)}
 
 
-def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_tail: bool = False) -> JobProfile:
-    phases = plan_step(job, costs, first_step(job, seed, index), job.gpus, job.gpus, consolidate_tail)
+def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_tail: bool = False,
+                plans: StepPlans | None = None) -> JobProfile:
+    """`plans`, when given, supplies the first step (the same phases, planned once for every mode)."""
+    if plans is not None:
+        phases = plans.step(job, seed, index, costs, 0, job.gpus, job.gpus, consolidate_tail)
+    else:
+        phases = plan_step(job, costs, first_step(job, seed, index), job.gpus, job.gpus, consolidate_tail)
     demand, period = demand_per_slot(phases)
     models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
     return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack,

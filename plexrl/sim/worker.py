@@ -56,7 +56,7 @@ class Request:
     gang: tuple["SimWorker", ...]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: its fields are read and written on every call
 class SimWorker:
     wid: int
     arena_bytes: int
@@ -70,6 +70,7 @@ class SimWorker:
     expected_end: float = 0.0  # when the running call is expected to end (estimates, for backfill)
     used: int = 0  # DEVICE-resident bytes
     group: object = None  # the `Group` whose scheduler dispatches onto this GPU
+    bandwidth: BandwidthEstimator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.bandwidth = BandwidthEstimator(prior_bytes_per_s=self.link_bytes_per_s)

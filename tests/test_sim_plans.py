@@ -1,0 +1,54 @@
+"""`StepPlans` (the modes of one workload share planned steps) plans exactly what each job would
+plan on its own: the same phases for every step, across draw blocks and for every shape, and
+the placer's profile from it equals the one drawn afresh."""
+
+from __future__ import annotations
+
+import pytest
+
+from plexrl.sim.latency import job_costs
+from plexrl.sim.phases import DRAW_BLOCK, StepPlans, draw_steps, job_rng, plan_step
+from plexrl.sim.profiles import job_profile
+from plexrl.sim.workload import Cluster, Job
+
+CLUSTER = Cluster(name="plans")
+JOB = Job(name="j", params_b=7, dp=4, steps=DRAW_BLOCK + 5,
+          rollout={"prompts": 8, "turns": 2, "tool_s": 5, "refill_fraction": 0.5})
+
+SHAPES = {  # (rollout GPUs, training GPUs, consolidate tail)
+    "plexrl": (4, 4, True),
+    "colocated": (4, 4, False),
+    "split": (2, 2, False),
+}
+
+
+def alone(job: Job, seed: int, index: int, rollout: int, train: int, tail: bool) -> list:
+    rng, costs, steps = job_rng(seed, index), job_costs(job, CLUSTER), []
+    while len(steps) < job.steps:
+        steps += [plan_step(job, costs, d, rollout, train, tail) for d in draw_steps(job, rng)]
+    return steps[: job.steps]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_shared_plans_equal_each_job_planning_alone(shape):
+    plans, costs = StepPlans(), job_costs(JOB, CLUSTER)
+    for other in SHAPES:  # the other shapes planned first must not disturb this one
+        if other != shape:
+            plans.step(JOB, 3, 1, costs, DRAW_BLOCK, *SHAPES[other])
+    want = alone(JOB, 3, 1, *SHAPES[shape])
+    got = [plans.step(JOB, 3, 1, costs, step, *SHAPES[shape]) for step in range(JOB.steps)]
+    assert got == want
+    assert plans.step(JOB, 3, 1, costs, 0, *SHAPES[shape]) is got[0], "planned once, then reused"
+
+
+def test_another_job_index_or_seed_plans_afresh():
+    plans, costs = StepPlans(), job_costs(JOB, CLUSTER)
+    first = plans.step(JOB, 3, 1, costs, 0, *SHAPES["plexrl"])
+    assert plans.step(JOB, 3, 2, costs, 0, *SHAPES["plexrl"]) == alone(JOB, 3, 2, *SHAPES["plexrl"])[0] != first
+    assert plans.step(JOB, 4, 1, costs, 0, *SHAPES["plexrl"]) == alone(JOB, 4, 1, *SHAPES["plexrl"])[0] != first
+
+
+@pytest.mark.parametrize("tail", [True, False])
+def test_profile_from_shared_plans_equals_the_drawn_one(tail):
+    costs = job_costs(JOB, CLUSTER)
+    assert job_profile(JOB, costs, 3, 1, tail, StepPlans()) == job_profile(JOB, costs, 3, 1, tail)
