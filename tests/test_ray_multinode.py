@@ -2,7 +2,8 @@
 
 Checked: each node group's StateManager and workers run on their own Ray node (node affinity);
 every job's states live on the node its placement chose, and nowhere else, for the whole run;
-jobs on different nodes both complete.
+jobs on different nodes both complete. Last: a node is lost, and its job is re-placed on the
+other node and restored from its checkpoint in the shared checkpoint directory.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import os
 import threading
 
+import numpy as np
 import pytest
 
 import plexrl
+from plexrl import errors
+from tests.helpers import datum
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -82,3 +86,47 @@ def test_placement_honoured_and_affinity_kept(two_nodes, micro_model):
         assert all(metrics["jobs"][job]["requests"] >= 5 and metrics["jobs"][job]["failed"] == 0 for job in jobs)
         transitions = [e for e in cluster.events() if e["event"] == "transition" and e.get("job") in jobs]
         assert transitions and all(e["node"] == jobs[e["job"]] for e in transitions), "a state moved off its node"
+
+
+def test_node_loss_restores_the_job_from_its_checkpoint(two_nodes, micro_model, tmp_path):
+    """Runs last in this module: it removes the worker node."""
+    from plexrl.engines.ray_cluster import RayCluster
+
+    worker = next(iter(two_nodes.worker_nodes))
+    with RayCluster(address="auto", devices_per_node=2, device_memory_bytes=16 * MiB, host_memory_bytes=64 * MiB,
+                    checkpoint_dir=tmp_path / "shared", checkpoint_every_steps=1) as cluster:
+        lost = cluster.node_ids.index(worker.node_id)
+        services = {job: cluster.service_client(job, profile=busy_profile(job), admission_timeout=TIMEOUT_S)
+                    for job in ("job-0", "job-1")}
+        placed = {job: cluster.metrics()["placement"][job]["group"] for job in services}
+        victim = next(job for job, group in placed.items() if group == lost)
+        services[next(job for job in services if job != victim)].close()  # room on the surviving node
+        trainer = services[victim].create_training_client(base_model=micro_model, seed=0)
+        reference = services[victim].create_sampling_client(base_model=micro_model)
+        for step in range(2):
+            trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+            trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+            cluster.report_step(victim, step)  # checkpoints every step
+        checkpointed = cluster.fetch_weights(trainer.state)
+        sampler = trainer.save_weights_and_get_sampling_client()
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)  # work after the checkpoint
+
+        two_nodes.remove_node(worker)
+        with pytest.raises(errors.WorkerFailed, match="from its checkpoint of step 1") as failure:
+            trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+        assert failure.value.retriable
+        point = cluster.recovery_point(victim)
+        assert point["group"] != lost and point["step"] == 1
+        np.testing.assert_array_equal(cluster.fetch_weights(trainer.state), checkpointed)
+        resumed = trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+        assert resumed.metrics["step"] == 3.0, "the Adam step count comes back with the checkpoint"
+        out = sampler.sample(plexrl.ModelInput.from_ints([5, 6]), sampling_params=plexrl.SamplingParams(max_tokens=3, seed=1))
+        assert len(out.result(TIMEOUT_S).sequences) == 1  # the sampler follows the snapshot synced on restore
+        assert len(reference.compute_logprobs(plexrl.ModelInput.from_ints([5, 6, 7])).result(TIMEOUT_S)) == 3
+        held = cluster.node_states()
+        assert f"{victim}/policy" in held[point["group"]] and held[lost] == []
+        recovery = cluster.metrics()["recovery"]
+        assert recovery["node_losses"] == 1 and recovery["lost_work_s"] > 0
+        assert recovery["restored_from_checkpoint"] == 1 and recovery["restored_from_base"] == 1  # the reference
+        kinds = [e["event"] for e in cluster.events() if e["event"] in ("node_lost", "job_restored")]
+        assert kinds == ["node_lost", "job_restored"]

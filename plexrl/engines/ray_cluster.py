@@ -13,7 +13,8 @@ numbers; weights leave a node only when asked (`fetch_weights`, as numpy).
 
 Failure semantics: a worker that dies mid-call fails that call with errors.WorkerFailed
 (retriable; not retried automatically) and the job continues from its last completed call
-(see ray_node.py). Not yet handled: node loss, re-placement from measured profiles.
+(see ray_node.py). A lost node: its jobs are re-placed and restored from their latest
+checkpoints (ray_recovery.py). Not yet done on this engine: re-placement from measured profiles.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from plexrl import errors
 from plexrl.engines import hosting, ray_functions, ray_setup
 from plexrl.engines.ray_node import RayNode
+from plexrl.engines.ray_recovery import NodeRecovery
 from plexrl.engines.ray_shm import shm_root
 from plexrl.engines.ray_worker import DeviceWorker
 from plexrl.policy import JobProfile, ModelMemory, ResourceView
@@ -63,7 +65,7 @@ class StateHandle:
     host_bytes: int
 
 
-class RayCluster:
+class RayCluster(NodeRecovery):
     # Admission and checkpoint naming are the local engine's, unchanged.
     service_client = LocalCluster.service_client
     _admit = LocalCluster._admit
@@ -85,6 +87,8 @@ class RayCluster:
         threads_per_device: int = 1,
         workdir: str | Path | None = None,
         torch_device: str = "cpu",
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every_steps: int = 0,
     ):
         self.policy = _checked_policy(policy)
         _check_positive(devices_per_node=devices_per_node, device_memory_bytes=device_memory_bytes,
@@ -96,6 +100,7 @@ class RayCluster:
         nodes = len(self.node_ids)
         self._tmp = tempfile.mkdtemp(prefix="plexrl-ray-") if workdir is None else None
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp)
+        self._init_recovery(checkpoint_dir, checkpoint_every_steps)
         self.devices = nodes * devices_per_node
         self.telemetry = Telemetry(EventLog())  # the driver's own events: placements
         self._name = f"plexrl-{uuid.uuid4().hex[:8]}"
@@ -159,6 +164,7 @@ class RayCluster:
             nbytes = _state_bytes(config, trainable)
             memory = [ModelMemory(name, nbytes, nbytes)]
             group = self._admit(provisional_profile(job, memory, self.placer.slot_s), slack, True, admission_timeout)
+            self._started.setdefault(job, self.telemetry.now())
         made = _unwrapped(lambda: hosting.get(self.nodes[group].add_model.remote(job, name, source, trainable)))
         return self._bind(StateHandle(made["state_id"], job, name, source, trainable, made["device_bytes"],
                                       made["host_bytes"]), group)
@@ -174,6 +180,9 @@ class RayCluster:
         if self._closed:
             return APIFuture.failed(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
         group = self.router.group_of(state.state_id)
+        if group in self._lost:  # its node is gone: wait until the job is restored elsewhere
+            self._lost[group].wait()
+            group = self.router.group_of(state.state_id)
         if group is None:
             return APIFuture.failed(errors.UnknownModel(
                 f"model {state.state_id!r} no longer exists on this cluster (a superseded sampler snapshot?)"))
@@ -188,17 +197,23 @@ class RayCluster:
             seq = self._seq[state.state_id]
             self._seq[state.state_id] += 1
         ref = self.nodes[group].call.remote(future.request_id, state.job, state.state_id, fn, payload, mutates, seq)
-        hosting.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group))
+        hosting.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group, payload))
         return future
 
-    def _resolve(self, done, future: APIFuture, state: StateHandle, fn: str, group: int) -> None:
+    def _resolve(self, done, future: APIFuture, state: StateHandle, fn: str, group: int, payload: dict) -> None:
         try:
             result = done.result()
         except Exception as exc:
-            future.set_exception(_user_error(exc))
+            if self._is_node_loss(exc):  # recover on another thread: this one is Ray's
+                threading.Thread(target=self._fail_after_recovery, args=(group, future, state, fn),
+                                 name=f"plexrl-recover-g{group}", daemon=True).start()
+            else:
+                future.set_exception(_user_error(exc))
             return
         if fn == "sync_weights":
             result = self._bind_snapshot(state, result, group)
+        elif fn == "save_state":
+            self._saved(state, payload)
         future.set_result(result)
 
     def _bind_snapshot(self, trainer: StateHandle, synced: dict, group: int) -> StateHandle:
@@ -233,12 +248,14 @@ class RayCluster:
         return self._configs[source]
 
     def report_step(self, job: str, step: int, **fields) -> None:
-        """Step marks are logged; re-placement from measured profiles is not done on Ray yet."""
+        """A job's step boundary: logged, and a checkpoint every `checkpoint_every_steps` steps
+        (ray_recovery.py). Re-placement from measured profiles is not done on this engine yet."""
         self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
+        self._step_mark(job, step)
 
     def finish_job(self, job: str) -> None:
         group = self.router.placement(job)
-        if group is not None:
+        if group is not None and group not in self._lost:
             hosting.get(self.nodes[group].remove_job.remote(job))
             for state_id in [sid for sid, h in list(self._handles.items()) if h.job == job]:
                 self.router.unbind(state_id)
@@ -248,11 +265,11 @@ class RayCluster:
     # -- observability ---------------------------------------------------------------------------
     def node_states(self) -> list[list[str]]:
         """The state ids each node's StateManager holds (affinity checks)."""
-        return hosting.get([n.state_ids.remote() for n in self.nodes])
+        return [[] if g in self._lost else hosting.get(n.state_ids.remote()) for g, n in enumerate(self.nodes)]
 
     def events(self) -> list[dict]:
         merged = self.telemetry.events.snapshot()
-        for part in hosting.get([n.events.remote() for n in self.nodes]):
+        for part in hosting.get([n.events.remote() for n in self.live_nodes()]):
             merged += part
         return sorted(merged, key=lambda e: e["t"])
 
@@ -261,7 +278,8 @@ class RayCluster:
         return write_jsonl(self.events(), path)
 
     def metrics(self) -> dict:
-        out = merge_summaries(hosting.get([n.summary.remote() for n in self.nodes]))
+        out = merge_summaries(hosting.get([n.summary.remote() for n in self.live_nodes()]))
+        out["recovery"] = _add_counts([out["recovery"], self.recovery])
         placements = self.placer.summary()
         for job, usage in out["jobs"].items():
             placed = placements.get(job, {})
@@ -277,7 +295,7 @@ class RayCluster:
         if self._closed:
             return
         self._closed = True
-        hosting.get([n.close.remote() for n in self.nodes])
+        hosting.get([n.close.remote() for n in self.live_nodes()])
         for actor in [*self.nodes, *self.workers.values()]:
             hosting.kill(actor)
         if self._tmp is not None:

@@ -4,11 +4,15 @@
 as the optimizer state, so the moments never leave the state's memory (arena or host buffer).
 A saved state is a Hugging Face model folder (`AutoModelForCausalLM.from_pretrained` loads it,
 and so does `create_training_client(base_model=...)`) plus `optimizer.safetensors` with the moments.
+
+A checkpoint folder is complete or absent: it is written beside its final name and renamed into
+place, so a writer that dies midway (a lost node) leaves no half-written checkpoint to restore from.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -48,7 +52,17 @@ def adam_step(state: ModelState, params: AdamParams) -> dict[str, float]:
 
 
 def save_state(state: ModelState, path: Path, with_optimizer: bool = True) -> int:
-    """Write `state` as a Hugging Face folder (+ optimizer moments); returns bytes written."""
+    """Write `state` as a Hugging Face folder (+ optimizer moments), atomically; returns bytes written."""
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    written = _write_state(state, partial, with_optimizer)
+    if path.exists():  # a checkpoint of the same name is replaced
+        shutil.rmtree(path)
+    partial.rename(path)
+    return written
+
+
+def _write_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
     path.mkdir(parents=True, exist_ok=True)
     weights = {k: v.detach().clone() for k, v in state.module.state_dict().items()}
     state.module.save_pretrained(str(path), state_dict=weights, safe_serialization=True)

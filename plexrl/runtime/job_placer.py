@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from plexrl import errors
 from plexrl.policy import (
     AdmissionQueue,
@@ -109,6 +111,21 @@ class JobPlacer:
                 self.queue.release(job, now)
             else:
                 self.queue.cancel(job)
+            self._cond.notify_all()
+
+    def retire_group(self, group: int, jobs: list[str], now: float) -> None:
+        """Node group `group` is gone (a lost node): `jobs` leave it, to be admitted again elsewhere,
+        and nothing is placed there any more (all its host memory is held by a marker)."""
+        with self._cond:
+            for job in jobs:
+                record = self.jobs.pop(job, None)
+                if record is not None and record.placement is not None:
+                    self.queue.release(job, now)
+            view = self.placer.view
+            devices = view.groups[group].devices
+            per_device = min(int(view.node_host[n] - view.host_used[n]) // int(view.node_devices[n])
+                             for n in np.flatnonzero(view.node_group == group))
+            view.allocate(f"<lost node group {group}>", devices, per_device)
             self._cond.notify_all()
 
     # -- online profiling -----------------------------------------------------------------------------

@@ -57,6 +57,7 @@ class LocalCluster:
         profile_steps: int = 3,
         threads_per_device: int = 1,
         workdir: str | Path | None = None,
+        checkpoint_dir: str | Path | None = None,
         event_log: str | Path | None = None,
         torch_device: str = "auto",
     ):
@@ -76,6 +77,7 @@ class LocalCluster:
             raise errors.ConfigError(f"devices={devices} must be a multiple of nodes={nodes}")
         self._tmp = tempfile.TemporaryDirectory(prefix="plexrl-") if workdir is None else None
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.workdir / "checkpoints"
         self.telemetry = Telemetry(EventLog(event_log))
         self.devices = devices
         self.device_memory_bytes = device_memory_bytes
@@ -195,7 +197,7 @@ class LocalCluster:
     def checkpoint_path(self, state: ModelState, name: str) -> Path:
         if not name or "/" in name or name in (".", ".."):
             raise errors.InvalidInput(f"checkpoint name {name!r}; expected a plain non-empty name")
-        return self.workdir / "checkpoints" / state.job / state.name.replace("/", "_") / name
+        return self.checkpoint_dir / state.job / state.name.replace("/", "_") / name
 
     def materialize(self, state: ModelState, write: Callable[[], int]) -> None:
         self._node_of(state).materialize(state, state.job, write)

@@ -32,6 +32,10 @@ class Router:
     def placement(self, job: str) -> int | None:
         return self._job_group.get(job)
 
+    def jobs_on(self, group: int) -> list[str]:
+        with self._lock:
+            return sorted(job for job, g in self._job_group.items() if g == group)
+
     def bind(self, state_id: str, group: int) -> None:
         with self._lock:
             self._state_group[state_id] = group
@@ -49,6 +53,11 @@ class Router:
     # Sampler snapshots of trainable models (weight sync targets).
     def sampler(self, trainer_id: str, name: str) -> str | None:
         return self._samplers.get((trainer_id, name))
+
+    def synced_names(self, trainer_id: str) -> list[str]:
+        """The sampler names `trainer_id`'s weights have been synced to."""
+        with self._lock:
+            return sorted(name for (tid, name) in self._samplers if tid == trainer_id)
 
     def set_sampler(self, trainer_id: str, name: str, state_id: str) -> None:
         with self._lock:
