@@ -4,6 +4,7 @@ the placer's profile from it equals the one drawn afresh."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from plexrl.sim.latency import job_costs
@@ -52,3 +53,21 @@ def test_another_job_index_or_seed_plans_afresh():
 def test_profile_from_shared_plans_equals_the_drawn_one(tail):
     costs = job_costs(JOB, CLUSTER)
     assert job_profile(JOB, costs, 3, 1, tail, StepPlans()) == job_profile(JOB, costs, 3, 1, tail)
+
+
+LONG = JOB.model_copy(update={"rollout": JOB.rollout.model_copy(update={"max_tokens": 100_000, "length_scale": 4.0})})
+
+
+@pytest.mark.parametrize("job, packed", [(JOB, np.uint16), (LONG, np.float64)], ids=["uint16", "too-long-for-uint16"])
+def test_packed_draws_unpack_to_the_drawn_floats(job, packed):
+    """Lengths are kept as uint16 between shapes when they fit: unpacked they must be the very
+    floats drawn."""
+    from plexrl.sim.phases import _JobDraws, _length_type
+
+    drawn = draw_steps(job, job_rng(3, 1))
+    store = _JobDraws(job_rng(3, 1), _length_type(job))
+    assert store.length_type is packed
+    for d in drawn:
+        back = store.unpack(store.pack(d))
+        assert back.lengths.dtype == np.float64 and np.array_equal(back.lengths, d.lengths)
+        assert np.array_equal(back.refill, d.refill) and back.tool_waits is d.tool_waits

@@ -148,30 +148,56 @@ def _rollout(
 
 class StepPlans:
     """Planned steps shared by the modes simulating one workload (one instance per workload
-    and seed: the key holds the job's index and name, not the whole spec)."""
+    and seed: the keys hold the job's index and name, not the whole spec). A job's draws are
+    made once and kept for every shape that plans its steps."""
 
     def __init__(self) -> None:
-        self._plans: dict[tuple, _JobPlans] = {}
+        self._plans: dict[tuple, list[list[Phase]]] = {}
+        self._draws: dict[tuple, _JobDraws] = {}
 
     def step(self, job: Job, seed: int, index: int, costs: JobCosts, step: int,
              rollout_gpus: int, train_gpus: int, consolidate_tail: bool) -> list[Phase]:
         """The phases of `job`'s step `step` (0-based), planned as `plan_step` would."""
         key = (seed, index, job.name, costs, rollout_gpus, train_gpus, consolidate_tail)
-        plans = self._plans.get(key)
-        if plans is None:
-            plans = self._plans[key] = _JobPlans(job_rng(seed, index))
-        while len(plans.steps) <= step:
-            if not plans.draws:
-                plans.draws = draw_steps(job, plans.rng)[::-1]
-            plans.steps.append(plan_step(job, costs, plans.draws.pop(), rollout_gpus, train_gpus, consolidate_tail))
-        return plans.steps[step]
+        steps = self._plans.get(key)
+        if steps is None:
+            steps = self._plans[key] = []
+        while len(steps) <= step:
+            draws = self._step_draws(job, seed, index, len(steps))
+            steps.append(plan_step(job, costs, draws, rollout_gpus, train_gpus, consolidate_tail))
+        return steps[step]
+
+    def _step_draws(self, job: Job, seed: int, index: int, step: int) -> StepDraws:
+        draws = self._draws.get((seed, index, job.name))
+        if draws is None:
+            draws = self._draws[(seed, index, job.name)] = _JobDraws(job_rng(seed, index), _length_type(job))
+        while len(draws.steps) <= step:
+            draws.steps += [draws.pack(d) for d in draw_steps(job, draws.rng)]
+        return draws.unpack(draws.steps[step])
+
+
+def _length_type(job: Job) -> type:
+    return np.uint16 if job.rollout.max_tokens <= np.iinfo(np.uint16).max else np.float64
 
 
 @dataclass
-class _JobPlans:
+class _JobDraws:
+    """A job's draws so far. Response lengths are whole numbers in [1, max_tokens], so they are
+    kept as uint16 when that holds them (exactly: unpacked, they are the drawn floats), a
+    quarter of the memory for the blocks every shape reads again."""
+
     rng: np.random.Generator
-    draws: list[StepDraws] | None = None  # the current block's unplanned draws, last step first
-    steps: list[list[Phase]] = field(default_factory=list)
+    length_type: type
+    steps: list[StepDraws] = field(default_factory=list)
+
+    def pack(self, d: StepDraws) -> StepDraws:
+        refill = None if d.refill is None else d.refill.astype(self.length_type)
+        return StepDraws(d.lengths.astype(self.length_type), d.tool_waits, refill, d.reward_factor)
+
+    @staticmethod
+    def unpack(d: StepDraws) -> StepDraws:
+        refill = None if d.refill is None else d.refill.astype(np.float64)
+        return StepDraws(d.lengths.astype(np.float64), d.tool_waits, refill, d.reward_factor)
 
 
 def gpu_seconds(phases: list[Phase]) -> float:
