@@ -16,7 +16,11 @@ Execution estimates for the priority are learned online (`ExecEstimator`), as in
 Invariant (tested): per GPU, ledger busy time == the busy intervals recorded here.
 Speed: this is the simulator's hot loop (one `_run` and one `_done` per call). A call whose
 state is resident on its whole gang (most) skips planning; the ledger charge is inlined
-(`charge_gang`, bit-identical to the Ledger's methods, tested).
+(`charge_gang`, bit-identical to the Ledger's methods, tested). In the baselines (`exclusive`:
+each group serves one job, so nothing competes and no estimate is read) a phase's calls start
+together and end in one event that stands for all of them (`_run_together`; tested equal to
+one event per call). Shared groups keep one event per call: ending phases lazily there was
+measured no faster (the estimator must still see every end in order) and is not done.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ class Service:
                  exclusive: bool = False):
         self.loop = loop
         self.exclusive = exclusive  # every group serves one job: no decision is ever made (baselines)
-        self._together: dict[SimJob, list[tuple[float, int, Request]]] = {}  # phases ending together
+        self._together: dict[SimJob, list[tuple[float, int, tuple[SimWorker, ...]]]] = {}  # (end, seq, gang)
         self.policy = policy
         self.on_job_done = on_job_done
         self.ledger = Ledger()
