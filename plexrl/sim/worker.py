@@ -39,6 +39,8 @@ class Move(NamedTuple):  # a tuple: built on every transition (the hot path)
     seconds: float
 
 
+PLANS_KEPT = 512  # plans remembered per GPU; forgotten all at once when full (jobs come and go)
+
 # `TransitionKind.value` goes through the enum's descriptor on every access; the hot path looks it up
 KIND_NAME = {kind: kind.value for kind in TransitionKind}
 
@@ -71,6 +73,7 @@ class SimWorker:
     used: int = 0  # DEVICE-resident bytes
     group: object = None  # the `Group` whose scheduler dispatches onto this GPU
     bandwidth: BandwidthEstimator = field(init=False, repr=False)
+    plans: dict = field(default_factory=dict, repr=False)  # plan key -> plan_load's plan (see `plan_key`)
 
     def __post_init__(self) -> None:
         self.bandwidth = BandwidthEstimator(prior_bytes_per_s=self.link_bytes_per_s)
@@ -110,8 +113,8 @@ class SimWorker:
         return self.arena_bytes - self.used
 
     # --- making a state resident ------------------------------------------------------------
-    def view(self, now: float) -> ResidencyView:
-        pending = self.pending()
+    def view(self, now: float, pending: set[str] | None = None) -> ResidencyView:
+        pending = self.pending() if pending is None else pending
         infos = {
             sid: StateInfo(
                 sid, r.job, r.nbytes, r.nbytes, r.tier,
@@ -122,15 +125,32 @@ class SimWorker:
         }
         return ResidencyView(infos, {self.wid: self.arena_bytes}, self.host_bytes)
 
+    def plan_key(self, state_id: str, pending: set[str]) -> tuple:
+        """Everything `plan_load` reads from this GPU's `view`, with last-use times replaced by
+        their dense ranks: the planner only compares last-use times (tested), so equal keys get
+        equal plans. The arena and host capacities are the GPU's own and never change."""
+        states = self.states.values()
+        rank = {t: i for i, t in enumerate(sorted({r.last_used for r in states}))}
+        return state_id, tuple((r.state_id, r.tier, r.offset, r.nbytes, r.state_id in pending, rank[r.last_used])
+                               for r in states)
+
     def pending(self) -> set[str]:
         """States with queued work on this GPU: the planner keeps them resident if it can."""
         return self.group.pending_states(self) if self.group is not None else set()
 
     def make_resident(self, state_id: str, now: float) -> list[Move]:
-        """Plan with the policy, apply the plan; returns the moves made, in order."""
-        plan = plan_load(self.view(now), state_id, self.wid)
-        if isinstance(plan, NoFit):
-            raise RuntimeError(f"worker {self.wid}: {plan.reason}")
+        """Plan with the policy, apply the plan; returns the moves made, in order. A GPU cycles
+        through the same few residencies, so plans are remembered by `plan_key`."""
+        pending = self.pending()
+        key = self.plan_key(state_id, pending)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = plan_load(self.view(now, pending), state_id, self.wid)
+            if isinstance(plan, NoFit):
+                raise RuntimeError(f"worker {self.wid}: {plan.reason}")
+            if len(self.plans) >= PLANS_KEPT:
+                self.plans.clear()
+            self.plans[key] = plan
         moves = [self._apply(t.kind, t.state_id, t.offset) for t in plan.transitions]
         if self.used > self.arena_bytes:
             raise RuntimeError(f"worker {self.wid}: arena over budget after loading {state_id}")
