@@ -91,6 +91,33 @@ def test_transparency_multiplexed_equals_local_alone(cluster, tiny_model, traine
     assert not np.array_equal(cluster.fetch_weights(trainers["job-b"].state), solo)
 
 
+def test_a_controller_actor_attaches_by_name(cluster, tiny_model):
+    """A job's controller as its own Ray actor: it finds the cluster by name (control plane, node
+    and worker actors are named), is placed by the same placer, and trains transparently."""
+    if cluster.engine != "ray":
+        pytest.skip("attaching from another process is the Ray engine's")
+    import ray
+
+    from plexrl.engines.ray_cluster import RayCluster
+
+    @ray.remote(num_cpus=0)
+    class Controller:
+        def train(self, name, model_dir):
+            front = RayCluster.attach(name)
+            weights = front.fetch_weights(rl_job(front, "actor-job", model_dir, seed=1, steps=2).state)
+            front.close()  # an attached front stops nothing but itself
+            return weights
+
+    controller = Controller.remote()
+    weights = ray.get(controller.train.remote(cluster.name, tiny_model), timeout=TIMEOUT_S * 4)
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as local:
+        solo = rl_job(local, "actor-job", tiny_model, seed=1, steps=2).state.flat_weights().numpy()
+    np.testing.assert_array_equal(weights, solo)
+    assert cluster.metrics()["placement"]["actor-job"]["group"] == 0  # placed by the one control plane
+    with pytest.raises(plexrl.errors.ConfigError, match="no PlexRL cluster named"):
+        RayCluster.attach("no-such-cluster")
+
+
 def test_calls_of_one_model_run_in_submission_order(cluster, tiny_model):
     trainer = cluster.service_client(job="order").create_training_client(base_model=tiny_model, seed=0)
     futures = [trainer.optim_step(plexrl.AdamParams(learning_rate=1e-4)) for _ in range(12)]

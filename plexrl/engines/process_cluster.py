@@ -1,6 +1,7 @@
 """The process engine: one OS process per device on this machine, no Ray.
 
-    ProcessCluster (driver: admission, routing, futures — RayCluster's front, unchanged)
+    ProcessCluster (driver: RayCluster's front, unchanged)
+      ├ Control in the driver (placement, routing tables), called on threads
       └ per node group: RayNode in the driver (StateManager with shared-memory host buffers +
                         group scheduler), called on threads
                         DeviceWorker per device in its own spawned process (arena, modules)
@@ -18,6 +19,7 @@ Failures as on Ray: a worker process that dies fails its in-flight call with Wor
 from __future__ import annotations
 
 from plexrl.engines.hosting import ProcessActor, ThreadActor
+from plexrl.engines.ray_control import CONTROL_THREADS, Control
 from plexrl.engines.ray_cluster import NODE_CALL_THREADS, RayCluster
 from plexrl.engines.ray_node import RayNode
 from plexrl.engines.ray_worker import DeviceWorker
@@ -47,3 +49,6 @@ class ProcessCluster(RayCluster):
 
     def _host_node(self, node_id, name: str, args: tuple):
         return ThreadActor(RayNode(*args), NODE_CALL_THREADS, name)
+
+    def _host_control(self, name: str, args: tuple):
+        return ThreadActor(Control(*args), CONTROL_THREADS, name)

@@ -1,10 +1,9 @@
 """The Ray engine's front: the same job-facing API as LocalCluster, with the runtime in Ray actors.
 
-    RayCluster (driver: admission, routing tables, futures)
-      ├ JobPlacer (runtime.job_placer): which node group a job goes to, with its phase shift
-      ├ Router (runtime.router): (job, model) -> node group
-      └ per node (NodeAffinitySchedulingStrategy): RayNode actor (StateManager + group scheduler)
-                                                   DeviceWorker actor per device (num_gpus=1, max_restarts=-1)
+    RayCluster (a front: in the driver, or attached from a job's controller actor) — futures, caches
+      ├ <name>-control actor (ray_control.py): JobPlacer + Router tables, checkpoints, lost groups
+      └ per node (NodeAffinitySchedulingStrategy): <name>-node<g> actor (StateManager + group scheduler)
+                                                   <name>-worker<d> actor per device (num_gpus=1, max_restarts=-1)
 
 Jobs hold the unchanged plexrl.client classes. A call crosses Ray as (function name, payload,
 sequence number): never a closure, never model state. The driver never holds tensors of a
@@ -23,8 +22,10 @@ import itertools
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,21 +35,21 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from plexrl import errors
 from plexrl.engines import hosting, ray_functions, ray_setup
+from plexrl.engines.ray_control import CONTROL_THREADS, Control
 from plexrl.engines.ray_node import RayNode
 from plexrl.engines.ray_recovery import NodeRecovery
 from plexrl.engines.ray_shm import shm_root
 from plexrl.engines.ray_worker import DeviceWorker
-from plexrl.policy import JobProfile, ModelMemory, ResourceView
-from plexrl.runtime.events import EventLog, write_jsonl
+from plexrl.policy import JobProfile, ModelMemory
+from plexrl.runtime.events import write_jsonl
 from plexrl.runtime.futures import APIFuture
-from plexrl.runtime.job_placer import JobPlacer, provisional_profile
+from plexrl.runtime.job_placer import provisional_profile
 from plexrl.runtime.local_cluster import LocalCluster, _check_positive, _checked_policy
-from plexrl.runtime.router import Router
-from plexrl.runtime.telemetry import Telemetry
 
 MiB = 1 << 20
 DeviceWorkerActor = ray.remote(DeviceWorker)
 RayNodeActor = ray.remote(RayNode)
+ControlActor = ray.remote(Control)
 NODE_CALL_THREADS = 256  # calls block a node thread while queued; more than any test or job keeps in flight
 
 
@@ -66,9 +67,12 @@ class StateHandle:
 
 
 class RayCluster(NodeRecovery):
-    # Admission and checkpoint naming are the local engine's, unchanged.
-    service_client = LocalCluster.service_client
-    _admit = LocalCluster._admit
+    """The front of a Ray-engine cluster. `RayCluster(...)` starts one (its actors are named
+    `<name>-...`, `name` defaults to a fresh id); `RayCluster.attach(name)` joins it from another
+    process, e.g. a job's controller running as its own Ray actor (it owns nothing and closes
+    nothing but itself)."""
+
+    service_client = LocalCluster.service_client  # admission is the local engine's, unchanged
     _check_open = LocalCluster._check_open
     checkpoint_path = LocalCluster.checkpoint_path
 
@@ -89,46 +93,83 @@ class RayCluster(NodeRecovery):
         torch_device: str = "cpu",
         checkpoint_dir: str | Path | None = None,
         checkpoint_every_steps: int = 0,
+        name: str | None = None,
     ):
         self.policy = _checked_policy(policy)
         _check_positive(devices_per_node=devices_per_node, device_memory_bytes=device_memory_bytes,
                         host_memory_bytes=host_memory_bytes, threads_per_device=threads_per_device)
         if placement not in ("phase-shift", "first-fit"):
             raise errors.ConfigError(f"placement={placement!r}; expected 'phase-shift' or 'first-fit'")
+        if checkpoint_every_steps < 0:
+            raise errors.ConfigError(f"checkpoint_every_steps={checkpoint_every_steps}; expected 0 (off) or more")
         self._owns_ray = False
-        self.node_ids = self._find_nodes(address, nodes, devices_per_node)
-        nodes = len(self.node_ids)
-        self._tmp = tempfile.mkdtemp(prefix="plexrl-ray-") if workdir is None else None
-        self.workdir = Path(workdir) if workdir is not None else Path(self._tmp)
-        self._init_recovery(checkpoint_dir, checkpoint_every_steps)
-        self.devices = nodes * devices_per_node
-        self.telemetry = Telemetry(EventLog())  # the driver's own events: placements
-        self._name = f"plexrl-{uuid.uuid4().hex[:8]}"
-        self.workers: dict[int, object] = {}  # device -> worker handle (engines/hosting.py)
-        self.nodes = [self._start_node(g, node_id, devices_per_node, device_memory_bytes, host_memory_bytes,
-                                       threads_per_device, torch_device) for g, node_id in enumerate(self.node_ids)]
-        hosting.get([w.ping.remote() for w in self.workers.values()] + [n.state_ids.remote() for n in self.nodes])
-        self.router = Router([])  # tables only: requests go to node actors
-        view = ResourceView.uniform(pods=1, groups_per_pod=nodes, nodes_per_group=1, devices_per_node=devices_per_node,
-                                    device_bytes=device_memory_bytes, host_bytes=host_memory_bytes)
-        self.placer = JobPlacer(view, horizon_slots, slot_s, placement == "first-fit", profile_steps)
-        self._handles: dict[str, StateHandle] = {}
+        node_ids = self._find_nodes(address, nodes, devices_per_node)
+        nodes = len(node_ids)
+        tmp = tempfile.mkdtemp(prefix="plexrl-ray-") if workdir is None else None
+        workdir = Path(workdir) if workdir is not None else Path(tmp)
+        self.name = name or f"plexrl-{uuid.uuid4().hex[:8]}"
+        epoch = time.time()
+        workers: dict[int, object] = {}
+        node_actors = []
+        for group, node_id in enumerate(node_ids):
+            ids = list(range(group * devices_per_node, (group + 1) * devices_per_node))
+            mine = {d: self._host_worker(node_id, f"{self.name}-worker{d}",
+                                         (d, device_memory_bytes, threads_per_device, torch_device)) for d in ids}
+            workers.update(mine)
+            node_actors.append(self._host_node(node_id, f"{self.name}-node{group}", (
+                group, ids, mine, device_memory_bytes, host_memory_bytes, self.policy.value, str(workdir),
+                str(shm_root() / f"{self.name}-node{group}"), epoch)))
+        hosting.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in node_actors])
+        description = {"name": self.name, "engine": self.engine, "node_ids": node_ids, "devices": nodes * devices_per_node,
+                       "devices_per_node": devices_per_node, "policy": self.policy.value, "workdir": str(workdir),
+                       "checkpoint_dir": str(checkpoint_dir or workdir / "checkpoints"),
+                       "checkpoint_every_steps": checkpoint_every_steps, "slot_s": slot_s}
+        topology = dict(pods=1, groups_per_pod=nodes, nodes_per_group=1, devices_per_node=devices_per_node,
+                        device_bytes=device_memory_bytes, host_bytes=host_memory_bytes)
+        control = self._host_control(f"{self.name}-control", (description, topology, horizon_slots, slot_s,
+                                                               placement == "first-fit", profile_steps, epoch))
+        self._join(description, control, node_actors, workers)
+        self._owned_actors = [control, *node_actors, *workers.values()]
+        self._tmp = tmp
+
+    @classmethod
+    def attach(cls, name: str) -> "RayCluster":
+        """A front on the running cluster `name` (its actors are found by name in this Ray job's
+        namespace): the same API, for a controller in another process."""
+        try:
+            control = ray.get_actor(f"{name}-control")
+        except ValueError:
+            raise errors.ConfigError(f"no PlexRL cluster named {name!r} in this Ray namespace") from None
+        description = ray.get(control.describe.remote())
+        front = cls.__new__(cls)
+        front.policy = _checked_policy(description["policy"])
+        front._owns_ray, front._owned_actors, front._tmp = False, [], None
+        front.name = name
+        nodes = [ray.get_actor(f"{name}-node{g}") for g in range(len(description["node_ids"]))]
+        workers = {d: ray.get_actor(f"{name}-worker{d}") for d in range(description["devices"])}
+        front._join(description, control, nodes, workers)
+        return front
+
+    def _join(self, description: dict, control, nodes: list, workers: dict) -> None:
+        """Every front's own part: caches of the control plane's tables, call numbering, futures."""
+        self.control, self.nodes, self.workers = control, nodes, workers
+        self.node_ids = description["node_ids"]
+        self.devices = description["devices"]
+        self.workdir = Path(description["workdir"])
+        self.checkpoint_dir = Path(description["checkpoint_dir"])
+        self.checkpoint_every_steps = description["checkpoint_every_steps"]
+        self.slot_s = description["slot_s"]
+        self.front = hosting.get(control.new_front.remote())
+        self._handles: dict[str, StateHandle] = {}  # caches of the control plane's tables
+        self._routes: dict[str, int] = {}
+        self._samplers: dict[tuple[str, str], str] = {}
         self._configs: dict[str, object] = {}
-        self._seq: dict[str, int] = defaultdict(int)
-        self._ids = itertools.count(1)
+        self._seq: dict[tuple[str, int], int] = defaultdict(int)  # (model, group) -> next call number
+        self._lost_seen: set[int] = set()  # lost groups this front has heard of
+        self._bookkeeping = ThreadPoolExecutor(2, thread_name_prefix=f"plexrl-front{self.front}")
+        self._ids = itertools.count(self.front * 1_000_000_000 + 1)  # request ids unique across fronts
         self._lock = threading.Lock()
         self._closed = False
-
-    def _start_node(self, group: int, node_id: str, per_node: int, device_bytes: int, host_bytes: int,
-                    threads: int, torch_device: str):
-        ids = list(range(group * per_node, (group + 1) * per_node))
-        workers = {d: self._host_worker(node_id, f"{self._name}-worker{d}", (d, device_bytes, threads, torch_device))
-                   for d in ids}
-        self.workers.update(workers)
-        shm = shm_root() / f"{self._name}-node{group}"
-        return self._host_node(node_id, f"{self._name}-node{group}", (
-            group, ids, workers, device_bytes, host_bytes, self.policy.value, str(self.workdir), str(shm),
-            self.telemetry.epoch))
 
     # -- hosting: Ray actors here; engines/process_cluster.py hosts the same classes without Ray ----
     engine = "ray"
@@ -153,36 +194,59 @@ class RayCluster(NodeRecovery):
         return RayNodeActor.options(num_cpus=0, max_concurrency=NODE_CALL_THREADS, scheduling_strategy=pinned,
                                     name=name).remote(*args)
 
+    def _host_control(self, name: str, args: tuple):
+        """On the driver's node: the control plane lives as long as the process that started the cluster."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        return ControlActor.options(num_cpus=0, max_concurrency=CONTROL_THREADS, name=name,
+                                    scheduling_strategy=here).remote(*args)
+
+    def _ask(self, method: str, *args):
+        """A call to the control plane (placement, tables: never on a call's path)."""
+        return hosting.get(getattr(self.control, method).remote(*args))
+
     # -- what clients call -----------------------------------------------------------------------
+    def _admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> int:
+        group, shift_s = _unwrapped(lambda: self._ask("admit", profile, slack, provisional, timeout))
+        time.sleep(shift_s)  # the job starts shifted
+        return group
+
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
                   slack: float = 0.10, admission_timeout: float | None = None) -> StateHandle:
         self._check_open()
         source = str(base_model)
         config = self._config(source)
-        group = self.router.placement(job)
+        group = self._ask("placement", job)
         if group is None:
             nbytes = _state_bytes(config, trainable)
             memory = [ModelMemory(name, nbytes, nbytes)]
-            group = self._admit(provisional_profile(job, memory, self.placer.slot_s), slack, True, admission_timeout)
-            self._started.setdefault(job, self.telemetry.now())
+            group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout)
         made = _unwrapped(lambda: hosting.get(self.nodes[group].add_model.remote(job, name, source, trainable)))
         return self._bind(StateHandle(made["state_id"], job, name, source, trainable, made["device_bytes"],
                                       made["host_bytes"]), group)
 
     def _bind(self, handle: StateHandle, group: int) -> StateHandle:
+        self._ask("bind", handle, group)
         with self._lock:
             self._handles[handle.state_id] = handle
-        self.router.bind(handle.state_id, group)
+            self._routes[handle.state_id] = group
         return handle
+
+    def _refresh(self) -> None:
+        """Reload the route caches from the control plane (after a node loss moved jobs)."""
+        tables = self._ask("tables")
+        with self._lock:
+            self._handles, self._routes = tables["handles"], tables["groups"]
+            self._samplers = tables["samplers"]
 
     def submit(self, state: StateHandle, fn: str, payload: dict | None) -> APIFuture:
         """Send one call (function name + payload, see runtime/functions.py) to the state's node."""
         if self._closed:
             return APIFuture.failed(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
-        group = self.router.group_of(state.state_id)
-        if group in self._lost:  # its node is gone: wait until the job is restored elsewhere
-            self._lost[group].wait()
-            group = self.router.group_of(state.state_id)
+        group = self._routes.get(state.state_id)
+        if group is None or group in self._lost_seen:
+            self._await_recoveries()
+            self._refresh()
+            group = self._routes.get(state.state_id)
         if group is None:
             return APIFuture.failed(errors.UnknownModel(
                 f"model {state.state_id!r} no longer exists on this cluster (a superseded sampler snapshot?)"))
@@ -194,34 +258,49 @@ class RayCluster(NodeRecovery):
         mutates = ray_functions.mutates(fn)
         future = APIFuture(next(self._ids))
         with self._lock:
-            seq = self._seq[state.state_id]
-            self._seq[state.state_id] += 1
-        ref = self.nodes[group].call.remote(future.request_id, state.job, state.state_id, fn, payload, mutates, seq)
+            seq = self._seq[(state.state_id, group)]
+            self._seq[(state.state_id, group)] += 1
+        ref = self.nodes[group].call.remote(future.request_id, state.job, state.state_id, fn, payload, mutates,
+                                            self.front, seq)
         hosting.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group, payload))
         return future
 
     def _resolve(self, done, future: APIFuture, state: StateHandle, fn: str, group: int, payload: dict) -> None:
+        """Runs on Ray's thread that delivers results: nothing here may wait on Ray. Results that
+        need the control plane (syncs, saves) and failures that need recovery go to other threads."""
         try:
             result = done.result()
         except Exception as exc:
-            if self._is_node_loss(exc):  # recover on another thread: this one is Ray's
+            if self._is_node_loss(exc):
                 threading.Thread(target=self._fail_after_recovery, args=(group, future, state, fn),
                                  name=f"plexrl-recover-g{group}", daemon=True).start()
             else:
                 future.set_exception(_user_error(exc))
             return
-        if fn == "sync_weights":
-            result = self._bind_snapshot(state, result, group)
-        elif fn == "save_state":
-            self._saved(state, payload)
+        if fn in ("sync_weights", "save_state"):
+            self._bookkeeping.submit(self._book, future, state, fn, group, payload, result)
+        else:
+            future.set_result(result)
+
+    def _book(self, future: APIFuture, state: StateHandle, fn: str, group: int, payload: dict, result) -> None:
+        try:
+            if fn == "sync_weights":
+                result = self._bind_snapshot(state, result, group)
+            elif fn == "save_state":
+                self._saved(state, payload)
+        except Exception as exc:
+            future.set_exception(_user_error(exc))
+            return
         future.set_result(result)
 
     def _bind_snapshot(self, trainer: StateHandle, synced: dict, group: int) -> StateHandle:
-        """The driver's side of a weight sync: route the snapshot the node made (or updated)."""
+        """The front's side of a weight sync: route the snapshot the node made (or updated)."""
         weights_bytes = trainer.device_bytes // 4  # a snapshot holds weights only
         snapshot = self._bind(StateHandle(synced["state_id"], trainer.job, synced["name"], trainer.source, False,
                                           weights_bytes, weights_bytes), group)
-        self.router.set_sampler(trainer.state_id, synced["sync"], snapshot.state_id)
+        self._ask("set_sampler", trainer.state_id, synced["sync"], snapshot.state_id)
+        with self._lock:
+            self._samplers[(trainer.state_id, synced["sync"])] = snapshot.state_id
         return snapshot
 
     def fetch_weights(self, state: StateHandle) -> np.ndarray:
@@ -229,7 +308,10 @@ class RayCluster(NodeRecovery):
         return self.submit(state, "read_weights", None).result()
 
     def latest_sampler(self, trainer_id: str, name: str) -> StateHandle | None:
-        state_id = self.router.sampler(trainer_id, name)
+        state_id = self._samplers.get((trainer_id, name))
+        if state_id is None or self._routes.get(state_id) in self._lost_seen:
+            self._refresh()
+            state_id = self._samplers.get((trainer_id, name))
         return None if state_id is None else self._handles.get(state_id)
 
     def limits(self, state: StateHandle) -> tuple[int, int]:
@@ -250,53 +332,66 @@ class RayCluster(NodeRecovery):
     def report_step(self, job: str, step: int, **fields) -> None:
         """A job's step boundary: logged, and a checkpoint every `checkpoint_every_steps` steps
         (ray_recovery.py). Re-placement from measured profiles is not done on this engine yet."""
-        self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
+        self._ask("step", job, step, fields)
         self._step_mark(job, step)
 
     def finish_job(self, job: str) -> None:
-        group = self.router.placement(job)
-        if group is not None and group not in self._lost:
+        group = self._ask("placement", job)
+        if group is not None and group not in self._lost_seen:
             hosting.get(self.nodes[group].remove_job.remote(job))
-            for state_id in [sid for sid, h in list(self._handles.items()) if h.job == job]:
-                self.router.unbind(state_id)
-            self.router.forget(job)
-        self.placer.finish(job, self.telemetry.now())
+        for state_id in self._ask("finish", job):
+            with self._lock:
+                self._handles.pop(state_id, None)
+                self._routes.pop(state_id, None)
 
     # -- observability ---------------------------------------------------------------------------
+    @property
+    def _lost(self) -> dict[int, str]:
+        return self._ask("lost_groups")
+
+    def live_nodes(self) -> list:
+        lost = self._lost
+        return [node for group, node in enumerate(self.nodes) if group not in lost]
+
     def node_states(self) -> list[list[str]]:
         """The state ids each node's StateManager holds (affinity checks)."""
-        return [[] if g in self._lost else hosting.get(n.state_ids.remote()) for g, n in enumerate(self.nodes)]
+        lost = self._lost
+        return [[] if g in lost else hosting.get(n.state_ids.remote()) for g, n in enumerate(self.nodes)]
 
     def events(self) -> list[dict]:
-        merged = self.telemetry.events.snapshot()
+        merged = self._ask("events")
         for part in hosting.get([n.events.remote() for n in self.live_nodes()]):
             merged += part
         return sorted(merged, key=lambda e: e["t"])
 
     def write_events(self, path: str | Path) -> Path:
-        """Every node's events and the driver's, on one time axis, as JSON lines."""
+        """Every node's events and the control plane's, on one time axis, as JSON lines."""
         return write_jsonl(self.events(), path)
 
     def metrics(self) -> dict:
         out = merge_summaries(hosting.get([n.summary.remote() for n in self.live_nodes()]))
-        out["recovery"] = _add_counts([out["recovery"], self.recovery])
-        placements = self.placer.summary()
+        out["recovery"] = _add_counts([out["recovery"], self._ask("recovery_counts")])
+        placements = self._ask("placements")
         for job, usage in out["jobs"].items():
             placed = placements.get(job, {})
             usage["placement"] = {**placed, "node": placed.get("group")}
             usage["phase_shift_s"] = placed.get("phase_shift_s")
             usage["queueing_delay_s"] = placed.get("queueing_delay_s", 0.0)
         out.update(policy=self.policy.value, devices=self.devices, nodes=len(self.nodes), engine=self.engine,
-                   uptime_s=self.telemetry.now(), placement=placements, migrations=0)
+                   uptime_s=self._ask("now"), placement=placements, migrations=0)
         return out
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
+        """Stop accepting calls; the front that started the cluster also stops its actors."""
         if self._closed:
             return
         self._closed = True
+        self._bookkeeping.shutdown(wait=True)
+        if not self._owned_actors:
+            return
         hosting.get([n.close.remote() for n in self.live_nodes()])
-        for actor in [*self.nodes, *self.workers.values()]:
+        for actor in self._owned_actors:
             hosting.kill(actor)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)

@@ -12,9 +12,9 @@ the caller's back, because only the caller knows whether repeating it is right),
 was resident on the device falls back to its host copy (current by write-through), Ray restarts
 the worker, and the next request for those states loads them again.
 
-Calls arrive as (function name, payload) with a per-state sequence number; they enter the
-group's queue in that order whatever order Ray delivers them in (calls of one model run in
-submission order).
+Calls arrive as (function name, payload) with a sequence number per (front, model); they enter
+the group's queue in that order whatever order Ray delivers them in (calls of one model from one
+front run in submission order).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class RayNode:
         self._samplers: dict[tuple[str, str], str] = {}
         self._versions: dict[tuple[str, str], int] = {}
         self._order = threading.Condition()
-        self._next_seq: dict[str, int] = {}
+        self._next_seq: dict[tuple[int, str], int] = {}
         self._dispatchers = [threading.Thread(target=self._dispatch_loop, args=(d,), daemon=True,
                                               name=f"plexrl-dispatch-{d}") for d in devices]
         for thread in self._dispatchers:
@@ -144,18 +144,20 @@ class RayNode:
             worker.forget.remote(state_id)
 
     # -- calls ------------------------------------------------------------------------------------
-    def call(self, request_id: int, job: str, state_id: str, fn: str, payload: dict, mutates: bool, seq: int) -> Any:
-        """Queue one call behind the earlier calls of its model and block until it is done."""
+    def call(self, request_id: int, job: str, state_id: str, fn: str, payload: dict, mutates: bool, caller: int,
+             seq: int) -> Any:
+        """Queue one call behind the earlier calls of its model from the same front (`caller`
+        numbers its calls per model: `seq`) and block until it is done."""
         future = APIFuture(request_id)
         node_side = fn == "sync_weights"
         run = (lambda s: self._sync(s, payload["name"])) if node_side else payload
         request = Request(request_id, job, state_id, fn, run, future, self.telemetry.now(),
                           needs_device=not node_side, mutates=mutates, seq=request_id)
         with self._order:
-            while self._next_seq.get(state_id, 0) != seq:
+            while self._next_seq.get((caller, state_id), 0) != seq:
                 self._order.wait()
             self.group.submit(request)
-            self._next_seq[state_id] = seq + 1
+            self._next_seq[(caller, state_id)] = seq + 1
             self._order.notify_all()
         return future.result()
 

@@ -1,0 +1,167 @@
+"""The control plane of a Ray-engine cluster: one named actor every front talks to.
+
+    <cluster name>-control
+      ├ JobPlacer (runtime.job_placer): admission and the node group of every job
+      ├ Router tables (runtime.router): job -> group, model -> group, trainer -> latest sampler
+      └ what every front must agree on: model handles, checkpoints, lost groups, recovery points
+
+A *front* (plexrl.engines.ray_cluster.RayCluster: in the driver that started the cluster, or
+`RayCluster.attach(name)` in a job's controller running as its own actor) asks the control plane
+for placement and routes, caches them, and sends calls straight to node actors: the control plane
+is never on a call's path. Everything here is plain tables; the actor is threaded because
+admission may wait (`admit` blocks while the job waits for room).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from plexrl.engines.ray_recovery import Checkpoint
+from plexrl.policy import JobProfile, ResourceView
+from plexrl.runtime.events import EventLog
+from plexrl.runtime.job_placer import JobPlacer
+from plexrl.runtime.router import Router
+from plexrl.runtime.telemetry import Telemetry
+
+CONTROL_THREADS = 64  # admissions may wait for room; every other call returns at once
+
+
+class Control:
+    def __init__(self, description: dict, topology: dict, horizon_slots: int, slot_s: float, first_fit: bool,
+                 profile_steps: int, epoch: float):
+        """`topology`: ResourceView.uniform's arguments (the view is built here: arrays that crossed
+        Ray arrive read-only, and the placer updates its view)."""
+        self.description = description  # what an attaching front needs: actor names, sizes, engine
+        self.telemetry = Telemetry(EventLog(), epoch=epoch)
+        self.placer = JobPlacer(ResourceView.uniform(**topology), horizon_slots, slot_s, first_fit, profile_steps)
+        self.router = Router([])
+        self.handles: dict[str, object] = {}  # state id -> StateHandle
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self.steps: dict[str, int] = {}
+        self.started: dict[str, float] = {}
+        self.recovery_points: dict[str, dict] = {}
+        self.recovery = {"node_losses": 0, "restored_from_checkpoint": 0, "restored_from_base": 0, "lost_work_s": 0.0}
+        self._lost: dict[int, str] = {}  # group -> "running" | "done"
+        self._fronts = 0
+        self._lock = threading.Lock()
+
+    def describe(self) -> dict:
+        return self.description
+
+    def new_front(self) -> int:
+        """A number for a new front (its request ids and call sequences are its own)."""
+        with self._lock:
+            self._fronts += 1
+            return self._fronts
+
+    def now(self) -> float:
+        return self.telemetry.now()
+
+    # -- placement -------------------------------------------------------------------------------------
+    def admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> tuple[int, float]:
+        """Place a job (waiting up to `timeout` s for room): its group and phase shift."""
+        decided = self.telemetry.now()
+        placement = self.placer.admit(profile, slack, provisional, self.telemetry.now, timeout)
+        group = self.placer.group_index(placement)
+        self.router.assign(profile.job, group)
+        with self._lock:
+            self.started.setdefault(profile.job, decided)
+        self.telemetry.events.emit(self.telemetry.now(), "placement", job=profile.job, group=group,
+                                   phase_shift_s=placement.phase_shift_s, score=placement.score,
+                                   provisional=provisional, waited_s=self.telemetry.now() - decided)
+        return group, placement.phase_shift_s
+
+    def placement(self, job: str) -> int | None:
+        return self.router.placement(job)
+
+    def finish(self, job: str) -> list[str]:
+        """The job is done: its routes go and its place is freed. Returns its state ids."""
+        with self._lock:
+            mine = [sid for sid, h in self.handles.items() if h.job == job]
+            for sid in mine:
+                del self.handles[sid]
+        for sid in mine:
+            self.router.unbind(sid)
+        self.router.forget(job)
+        self.placer.finish(job, self.telemetry.now())
+        return mine
+
+    def placements(self) -> dict:
+        return self.placer.summary()
+
+    # -- routes ----------------------------------------------------------------------------------------
+    def bind(self, handle, group: int) -> None:
+        with self._lock:
+            self.handles[handle.state_id] = handle
+        self.router.bind(handle.state_id, group)
+
+    def unbind(self, state_id: str) -> None:
+        with self._lock:
+            self.handles.pop(state_id, None)
+        self.router.unbind(state_id)
+
+    def set_sampler(self, trainer_id: str, name: str, state_id: str) -> None:
+        self.router.set_sampler(trainer_id, name, state_id)
+
+    def tables(self) -> dict:
+        """Every route, handle and sampler: a front's cache is refreshed from this."""
+        with self._lock:
+            handles = dict(self.handles)
+        return {"handles": handles, "groups": {sid: self.router.group_of(sid) for sid in handles},
+                "samplers": {(tid, name): self.router.sampler(tid, name)
+                             for tid in handles for name in self.router.synced_names(tid)}}
+
+    # -- checkpoints and lost groups (orchestrated by a front: engines/ray_recovery.py) ------------------
+    def saved(self, state_id: str, checkpoint: Checkpoint) -> None:
+        self.checkpoints[state_id] = checkpoint
+
+    def step(self, job: str, step: int, fields: dict) -> None:
+        """A job's step mark (profiles are measured from these events)."""
+        self.steps[job] = step
+        self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
+
+    def job_step(self, job: str) -> int | None:
+        return self.steps.get(job)
+
+    def begin_recovery(self, group: int) -> list[str] | None:
+        """The first front to report `group` lost gets its jobs (and retires the group); later ones None."""
+        with self._lock:
+            if group in self._lost:
+                return None
+            self._lost[group] = "running"
+        jobs = self.router.jobs_on(group)
+        self.placer.retire_group(group, jobs, self.telemetry.now())
+        for job in jobs:
+            self.router.forget(job)
+        self.recovery["node_losses"] += 1
+        self.telemetry.events.emit(self.telemetry.now(), "node_lost", group=group, jobs=jobs)
+        return jobs
+
+    def end_recovery(self, group: int) -> None:
+        self._lost[group] = "done"
+
+    def lost_groups(self) -> dict[int, str]:
+        return dict(self._lost)
+
+    def restore_inputs(self, job: str) -> dict:
+        """What restoring `job` needs: its handles, their sampler names and checkpoints, its start."""
+        with self._lock:
+            handles = [h for h in self.handles.values() if h.job == job]
+        return {"handles": handles, "synced": {h.state_id: self.router.synced_names(h.state_id) for h in handles},
+                "checkpoints": {h.state_id: self.checkpoints.get(h.state_id) for h in handles},
+                "started": self.started.get(job, 0.0)}
+
+    def restored(self, job: str, point: dict, counts: dict) -> None:
+        self.recovery_points[job] = point
+        for key, value in counts.items():
+            self.recovery[key] += value
+        self.telemetry.events.emit(self.telemetry.now(), "job_restored", job=job, **point)
+
+    def recovery_point(self, job: str) -> dict | None:
+        return self.recovery_points.get(job)
+
+    def recovery_counts(self) -> dict:
+        return dict(self.recovery)
+
+    def events(self) -> list[dict]:
+        return self.telemetry.events.snapshot()
