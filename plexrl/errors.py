@@ -49,6 +49,11 @@ class WorkerFailed(PlexRLError):
     retriable = True
 
 
+class StateLost(PlexRLError):
+    """A model's state is gone from the runtime (its host copy was being written when its worker
+    died); it must be restored from a checkpoint (load_state) before it can be used again."""
+
+
 class ExecutionError(PlexRLError):
     """The function raised while executing on the worker; the message carries the cause."""
 

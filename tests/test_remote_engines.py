@@ -140,7 +140,7 @@ def test_bad_call_fails_through_its_future_and_the_cluster_carries_on(cluster, t
 
 
 def test_worker_death_fails_the_call_and_the_job_continues(cluster, tiny_model):
-    """Runs last for each engine: it kills a worker process (the engine restarts it)."""
+    """Kills a worker process (the engine restarts it): the last tests of the module do."""
     trainer = cluster.service_client(job="crash").create_training_client(base_model=tiny_model, seed=0)
     trainer.forward_backward([datum([5, 6, 7, 8])])
     trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
@@ -160,3 +160,28 @@ def test_worker_death_fails_the_call_and_the_job_continues(cluster, tiny_model):
     recovery = cluster.metrics()["recovery"]
     assert recovery["worker_restarts"] == restarts + 1 and recovery["restored_states"] >= 1
     assert any(e["event"] == "worker_failed" and e["job"] == "crash" for e in cluster.events())
+
+
+def test_a_torn_write_back_loses_the_state_until_it_is_restored(cluster, tiny_model):
+    """A worker that dies halfway through writing a state's host copy back leaves that copy torn:
+    the runtime must not restore from it. The model fails with StateLost until a checkpoint is
+    loaded, then carries on from the checkpoint."""
+    from plexrl.engines import hosting
+
+    trainer = cluster.service_client(job="torn").create_training_client(base_model=tiny_model, seed=0)
+    trainer.forward_backward([datum([5, 6, 7, 8])])
+    trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+    saved = trainer.save_state("before-tear").result(TIMEOUT_S)
+    checkpointed = cluster.fetch_weights(trainer.state)
+    hosting.get([w.fail_at.remote("writeback") for w in cluster.workers.values()])
+    with pytest.raises(errors.StateLost, match="half written"):
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+    hosting.get([w.fail_at.remote(None) for w in cluster.workers.values()])
+    with pytest.raises(errors.StateLost, match="restore it from a checkpoint"):
+        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+    trainer.load_state_with_optimizer(saved.path).result(TIMEOUT_S)
+    np.testing.assert_array_equal(cluster.fetch_weights(trainer.state), checkpointed)
+    trainer.forward_backward([datum([5, 6, 7, 8])])
+    assert trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S).metrics["step"] == 2.0
+    torn = [e for e in cluster.events() if e["event"] == "worker_failed" and e["job"] == "torn"]
+    assert torn and torn[-1]["torn"] == ["torn/policy"]

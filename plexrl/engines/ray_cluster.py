@@ -38,7 +38,7 @@ from plexrl.engines import hosting, ray_functions, ray_setup
 from plexrl.engines.ray_control import CONTROL_THREADS, Control
 from plexrl.engines.ray_node import RayNode
 from plexrl.engines.ray_recovery import NodeRecovery
-from plexrl.engines.ray_shm import shm_root
+from plexrl.engines.ray_shm import WRITEBACK_FLAGS, shm_root
 from plexrl.engines.ray_worker import DeviceWorker
 from plexrl.policy import JobProfile, ModelMemory
 from plexrl.runtime.events import write_jsonl
@@ -113,12 +113,13 @@ class RayCluster(NodeRecovery):
         node_actors = []
         for group, node_id in enumerate(node_ids):
             ids = list(range(group * devices_per_node, (group + 1) * devices_per_node))
-            mine = {d: self._host_worker(node_id, f"{self.name}-worker{d}",
-                                         (d, device_memory_bytes, threads_per_device, torch_device)) for d in ids}
+            shm = shm_root() / f"{self.name}-node{group}"
+            mine = {d: self._host_worker(node_id, f"{self.name}-worker{d}", (
+                d, device_memory_bytes, threads_per_device, torch_device, str(shm / WRITEBACK_FLAGS))) for d in ids}
             workers.update(mine)
             node_actors.append(self._host_node(node_id, f"{self.name}-node{group}", (
                 group, ids, mine, device_memory_bytes, host_memory_bytes, self.policy.value, str(workdir),
-                str(shm_root() / f"{self.name}-node{group}"), epoch)))
+                str(shm), epoch)))
         hosting.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in node_actors])
         description = {"name": self.name, "engine": self.engine, "node_ids": node_ids, "devices": nodes * devices_per_node,
                        "devices_per_node": devices_per_node, "policy": self.policy.value, "workdir": str(workdir),

@@ -108,6 +108,8 @@ class RayNode:
         self.telemetry = Telemetry(EventLog(), epoch=epoch)  # the driver's time axis
         arenas = {d: DeviceArena(d, device_memory_bytes) for d in devices}  # budgets only: never allocated here
         self.buffers = SharedHostBuffers(shm_folder)
+        self.writeback = self.buffers.flags(max(devices) + 1)  # set while a worker writes a host copy back
+        self._torn: set[str] = set()  # states whose host copy a dying worker left half written
         self.sm = SharedStateManager(node, arenas, host_memory_bytes, Path(workdir) / f"node{node}" / "spill",
                                      self.telemetry, self.buffers)
         self.group = GroupScheduler(node, devices, self.sm, Policy.parse(policy), self.telemetry)
@@ -156,10 +158,19 @@ class RayNode:
         with self._order:
             while self._next_seq.get((caller, state_id), 0) != seq:
                 self._order.wait()
-            self.group.submit(request)
+            try:
+                self._check_not_torn(request)
+                self.group.submit(request)
+            except errors.StateLost as lost:
+                future.set_exception(lost)
             self._next_seq[(caller, state_id)] = seq + 1
             self._order.notify_all()
         return future.result()
+
+    def _check_not_torn(self, request: Request) -> None:
+        """A torn state takes nothing but a restore (load_state)."""
+        if request.state_id in self._torn and request.fn != "load_state":
+            raise errors.StateLost(self._torn_message(request.state_id, "died earlier"))
 
     def _dispatch_loop(self, device: int) -> None:
         while (item := self.group.next_for(device)) is not None:
@@ -172,12 +183,15 @@ class RayNode:
         self._emit(dispatched, "dispatch", request, device, switch=plan.is_switch)
         result, error, timing = None, None, {}
         try:
+            self._check_not_torn(request)  # it may have been torn while this call waited
             steps = self._offload_elsewhere(plan, request.job, device)
             reply = hosting.get(self.workers[device].run.remote(
                 [self._step_spec(t) for t in steps], request.fn, request.run, request.state_id, request.mutates))
             self._book(steps, reply, request, device, dispatched)
             timing = {"wall_s": reply["wall_s"], "device_s": reply["device_s"]}
             result, error = reply["result"], reply["error"]
+            if request.fn == "load_state" and error is None:
+                self._torn.discard(request.state_id)  # restored: its host copy is whole again
             if error is not None:
                 error = as_user_error(error, request)
                 self.telemetry.failed(request.job)
@@ -237,21 +251,32 @@ class RayNode:
             self.telemetry.transition(Transition(TransitionKind.MATERIALIZE, request.state_id, written), request.job,
                                       written, reply["wall_s"], self.node, start)
 
-    def _worker_died(self, device: int, request: Request, dispatched: float, exc: BaseException) -> errors.WorkerFailed:
+    def _worker_died(self, device: int, request: Request, dispatched: float, exc: BaseException) -> errors.PlexRLError:
         lost_s = self.telemetry.now() - dispatched
-        restored = self.sm.lose_device(device)
+        torn = bool(self.writeback[device])
+        if torn:
+            self.writeback[device] = 0
+            self._torn.add(request.state_id)
+        restored = [sid for sid in self.sm.lose_device(device) if sid not in self._torn]
         self.recovery["worker_restarts"] += 1
         self.recovery["restored_states"] += len(restored)
         self.recovery["lost_work_s"] += lost_s
         self.telemetry.failed(request.job)
         self.telemetry.events.emit(self.telemetry.now(), "worker_failed", node=self.node, device=device,
                                    request_id=request.id, job=request.job, model=request.state_id,
-                                   restored=restored, lost_work_s=lost_s, cause=type(exc).__name__)
+                                   restored=restored, lost_work_s=lost_s, cause=type(exc).__name__,
+                                   torn=[request.state_id] if torn else [])
         self._await_restart(device)
+        if torn:
+            return errors.StateLost(self._torn_message(request.state_id, f"died while writing back {request.fn}'s result"))
         return errors.WorkerFailed(
             f"the worker of device {device} on node {self.node} died while running {request.fn} on "
             f"{request.state_id!r}; the call did not take effect (its state is back to its last completed call) "
             "and may be submitted again")
+
+    def _torn_message(self, state_id: str, what: str) -> str:
+        return (f"model {state_id!r} is lost: its worker {what}, leaving its host copy half written; restore it "
+                "from a checkpoint with load_state_with_optimizer(path) (load_state for weights only) before using it")
 
     def _await_restart(self, device: int) -> None:
         """Hold this device's dispatcher until Ray has restarted its worker, so that no further

@@ -7,6 +7,10 @@ worker that dies takes nothing with it but its arena: every host copy outlives i
 recovery restores from).
 
 Invariant: a buffer's file exists from `allocate` until `release`; paths are unique per node.
+
+Torn writes: a worker writes a state's host copy back (write-through) with its device's byte of
+the node's `writeback.flags` file set, and clears it after; a worker found dead with its byte set
+died midway, so that host copy is torn and must not be restored from (ray_node.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import torch
 
 FLOAT_BYTES = 4
+WRITEBACK_FLAGS = "writeback.flags"
 
 
 def shm_root() -> Path:
@@ -29,6 +34,10 @@ def shm_root() -> Path:
 def map_buffer(path: str | Path, nbytes: int) -> torch.Tensor:
     """A float32 view of an existing shared buffer file (writes are seen by every process)."""
     return torch.from_file(str(path), shared=True, size=nbytes // FLOAT_BYTES, dtype=torch.float32)
+
+
+def map_flags(path: str | Path, count: int) -> torch.Tensor:
+    return torch.from_file(str(path), shared=True, size=count, dtype=torch.int8)
 
 
 class SharedHostBuffers:
@@ -45,6 +54,16 @@ class SharedHostBuffers:
         with open(path, "wb") as f:
             os.ftruncate(f.fileno(), nbytes)
         tensor = map_buffer(path, nbytes)
+        self._paths[tensor.data_ptr()] = path
+        return tensor
+
+    def flags(self, count: int) -> torch.Tensor:
+        """The node's write-back flags: `count` bytes, one per device index, all clear."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / WRITEBACK_FLAGS
+        with open(path, "wb") as f:
+            os.ftruncate(f.fileno(), count)
+        tensor = map_flags(path, count)
         self._paths[tensor.data_ptr()] = path
         return tensor
 

@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -23,15 +24,19 @@ from typing import Any
 import torch
 
 from plexrl.engines import ray_functions
-from plexrl.engines.ray_shm import map_buffer
+from plexrl.engines.ray_shm import map_buffer, map_flags
 from plexrl.policy import Tier
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
 
 
 class DeviceWorker:
-    def __init__(self, device: int, capacity_bytes: int, threads: int = 1, torch_device: str = "cpu"):
+    def __init__(self, device: int, capacity_bytes: int, threads: int = 1, torch_device: str = "cpu",
+                 writeback_flags: str | None = None):
         self.device = device
+        self._flags_path = writeback_flags  # the node's file (ray_shm.py): mapped at the first write-back
+        self._flags = None
+        self._failpoint: str | None = None
         self.threads = threads
         self.timing = "wall" if torch_device.startswith("cuda") else "thread_cpu"
         self.arena = DeviceArena(device, capacity_bytes, torch_device)
@@ -113,9 +118,30 @@ class DeviceWorker:
         state._resident, state.host, state.tier, state.device, state.offset = None, None, Tier.HOST, None, None
 
     def _write_through(self, state: ModelState) -> float:
+        """Host copy := device copy, flagged while it runs (a death in between leaves it torn)."""
         t0 = time.perf_counter()
+        flags = self._writeback_flags()
+        if flags is not None:
+            flags[self.device] = 1
+        if self._failpoint == "writeback":  # fault injection (tests): die with the copy half done
+            half = state.host.numel() // 2
+            state.host[:half].copy_(state.current()[:half])
+            os._exit(1)
         state.host.copy_(state.current())
+        if flags is not None:
+            flags[self.device] = 0
         return time.perf_counter() - t0
+
+    def _writeback_flags(self):
+        if self._flags is None and self._flags_path is not None:
+            self._flags = map_flags(self._flags_path, self.device + 1)
+        return self._flags
+
+    def fail_at(self, point: str | None) -> None:
+        """Fault injection for tests: 'writeback' makes this worker die halfway through its next write-back."""
+        if point not in (None, "writeback"):
+            raise ValueError(f"failpoint {point!r}; expected None or 'writeback'")
+        self._failpoint = point
 
     def _template(self, source: str) -> torch.nn.Module:
         if source not in self._templates:
