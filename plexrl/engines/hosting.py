@@ -49,7 +49,7 @@ class ThreadActor:
     """`obj` in this process; every call on a thread of a pool of `max_concurrency`."""
 
     def __init__(self, obj: Any, max_concurrency: int, name: str):
-        self._obj = obj
+        self.target = obj  # in this process: callers may also use it directly
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix=name)
 
     def __getattr__(self, name: str) -> _Method:
@@ -58,7 +58,7 @@ class ThreadActor:
         return _Method(self._submit, name)
 
     def _submit(self, name: str, args: tuple) -> Future:
-        return self._pool.submit(getattr(self._obj, name), *args)
+        return self._pool.submit(getattr(self.target, name), *args)
 
     def kill(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -174,8 +174,10 @@ def get(ref: Any, timeout: float | None = None) -> Any:
     return ray.get(ref, timeout=timeout)
 
 
-def as_future(ref: Any) -> Future:
-    return ref if isinstance(ref, Future) else ref.future()
+def as_future(ref: Any):
+    """Something with `add_done_callback` whose argument has `.result()`: a Future or APIFuture
+    as it is, a Ray reference's future."""
+    return ref if hasattr(ref, "add_done_callback") else ref.future()
 
 
 def kill(handle: Any) -> None:

@@ -50,5 +50,9 @@ class ProcessCluster(RayCluster):
     def _host_node(self, node_id, name: str, args: tuple):
         return ThreadActor(RayNode(*args), NODE_CALL_THREADS, name)
 
+    def _send(self, group: int, call: tuple):
+        """The node runtime is in this process: queue the call directly (no thread waits on it)."""
+        return self.nodes[group].target.enqueue(*call)
+
     def _host_control(self, name: str, args: tuple):
         return ThreadActor(Control(*args), CONTROL_THREADS, name)

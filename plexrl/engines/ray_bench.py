@@ -1,4 +1,5 @@
-"""What the Ray engine adds per request, next to the local engine and to bare Ray, measured in one run.
+"""What the Ray engine adds per request, next to the process and local engines and to bare Ray,
+measured in one run.
 
 - no-op overhead: submit -> driver -> node actor (group queue, policy) -> worker actor -> future,
   on a resident state, awaited one at a time (latency) and pipelined (per request);
@@ -80,9 +81,15 @@ def run(model_dir: str, n: int = 200) -> dict:
         bare = bare_actor_ms(n)
         datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
         recovery = recovery_s(trainer, datum)
+    from plexrl.engines.process_cluster import ProcessCluster
+
+    with ProcessCluster(devices=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20) as cluster:
+        trainer = cluster.service_client(job="bench").create_training_client(base_model=model_dir)
+        process_latency, process_pipelined = noop_overhead_ms(cluster, trainer.state, n)
     local_latency, local_pipelined = dispatch.noop_overhead_ms(n)
     return {"requests": n, "ray_noop_latency_ms": latency, "ray_noop_pipelined_ms": pipelined,
-            "bare_ray_actor_roundtrip_ms": bare, "local_noop_latency_ms": local_latency,
+            "bare_ray_actor_roundtrip_ms": bare, "process_noop_latency_ms": process_latency,
+            "process_noop_pipelined_ms": process_pipelined, "local_noop_latency_ms": local_latency,
             "local_noop_pipelined_ms": local_pipelined, "worker_death_to_next_step_s": recovery}
 
 

@@ -201,6 +201,10 @@ class RayCluster(NodeRecovery):
         return ControlActor.options(num_cpus=0, max_concurrency=CONTROL_THREADS, name=name,
                                     scheduling_strategy=here).remote(*args)
 
+    def _send(self, group: int, call: tuple):
+        """A call to a node actor; a reference to its result."""
+        return self.nodes[group].call.remote(*call)
+
     def _ask(self, method: str, *args):
         """A call to the control plane (placement, tables: never on a call's path)."""
         return hosting.get(getattr(self.control, method).remote(*args))
@@ -261,8 +265,7 @@ class RayCluster(NodeRecovery):
         with self._lock:
             seq = self._seq[(state.state_id, group)]
             self._seq[(state.state_id, group)] += 1
-        ref = self.nodes[group].call.remote(future.request_id, state.job, state.state_id, fn, payload, mutates,
-                                            self.front, seq)
+        ref = self._send(group, (future.request_id, state.job, state.state_id, fn, payload, mutates, self.front, seq))
         hosting.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group, payload))
         return future
 

@@ -117,8 +117,9 @@ class RayNode:
         self.recovery = {"worker_restarts": 0, "restored_states": 0, "lost_work_s": 0.0}
         self._samplers: dict[tuple[str, str], str] = {}
         self._versions: dict[tuple[str, str], int] = {}
-        self._order = threading.Condition()
+        self._order = threading.Lock()
         self._next_seq: dict[tuple[int, str], int] = {}
+        self._early: dict[tuple[int, str], dict[int, Request]] = {}  # calls that overtook earlier ones
         self._dispatchers = [threading.Thread(target=self._dispatch_loop, args=(d,), daemon=True,
                                               name=f"plexrl-dispatch-{d}") for d in devices]
         for thread in self._dispatchers:
@@ -148,24 +149,35 @@ class RayNode:
     # -- calls ------------------------------------------------------------------------------------
     def call(self, request_id: int, job: str, state_id: str, fn: str, payload: dict, mutates: bool, caller: int,
              seq: int) -> Any:
+        """`enqueue` and block until the call is done (what a front calls through Ray)."""
+        return self.enqueue(request_id, job, state_id, fn, payload, mutates, caller, seq).result()
+
+    def enqueue(self, request_id: int, job: str, state_id: str, fn: str, payload: dict, mutates: bool, caller: int,
+                seq: int) -> APIFuture:
         """Queue one call behind the earlier calls of its model from the same front (`caller`
-        numbers its calls per model: `seq`) and block until it is done."""
+        numbers its calls per model: `seq`); its future."""
         future = APIFuture(request_id)
         node_side = fn == "sync_weights"
         run = (lambda s: self._sync(s, payload["name"])) if node_side else payload
         request = Request(request_id, job, state_id, fn, run, future, self.telemetry.now(),
                           needs_device=not node_side, mutates=mutates, seq=request_id)
-        with self._order:
-            while self._next_seq.get((caller, state_id), 0) != seq:
-                self._order.wait()
-            try:
-                self._check_not_torn(request)
-                self.group.submit(request)
-            except errors.StateLost as lost:
-                future.set_exception(lost)
-            self._next_seq[(caller, state_id)] = seq + 1
-            self._order.notify_all()
-        return future.result()
+        key = (caller, state_id)
+        with self._order:  # queue every call that is next in its sequence (this one may unblock later ones)
+            early = self._early.setdefault(key, {})
+            early[seq] = request
+            expected = self._next_seq.get(key, 0)
+            while expected in early:
+                self._enqueue(early.pop(expected))
+                expected += 1
+            self._next_seq[key] = expected
+        return future
+
+    def _enqueue(self, request: Request) -> None:
+        try:
+            self._check_not_torn(request)
+            self.group.submit(request)
+        except errors.StateLost as lost:
+            request.future.set_exception(lost)
 
     def _check_not_torn(self, request: Request) -> None:
         """A torn state takes nothing but a restore (load_state)."""
