@@ -5,7 +5,8 @@ measured in one run.
   on a resident state, awaited one at a time (latency) and pipelined (per request);
 - reference: a bare Ray actor method round trip, timed in the same run (the Ray engine makes two
   hops per request: driver -> node, node -> worker);
-- recovery: from a worker's death mid-call to the job's next successful optimizer step.
+- recovery: from a worker's death mid-call to the job's next successful optimizer step, and from
+  a node's loss to the next step of its job restored on another node (simulated 2-node cluster).
 
 `python -m plexrl.engines.ray_bench [N]` prints the figures as JSON (starts a local Ray with 2 logical GPUs).
 """
@@ -72,6 +73,50 @@ def recovery_s(trainer, datum) -> float:
     return time.perf_counter() - died
 
 
+def node_loss_s(model_dir: str) -> float:
+    """Seconds from a node's removal to the next successful step of the job it held, restored on
+    the other node from its checkpoint (2 simulated nodes x 2 logical GPUs, a shared folder)."""
+    from ray.cluster_utils import Cluster
+
+    from plexrl.engines.ray_cluster import RayCluster
+    from plexrl.policy import JobProfile, ModelMemory
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2, "include_dashboard": False,
+                                                          "object_store_memory": 80 << 20})
+    worker = nodes.add_node(num_cpus=1, num_gpus=2, object_store_memory=80 << 20)
+    ray.init(address=nodes.address, log_to_driver=False)
+    nodes.wait_for_nodes()
+    datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
+    try:
+        with RayCluster(address="auto", devices_per_node=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20,
+                        checkpoint_dir=tempfile.mkdtemp(prefix="plexrl-bench-ckpt-"), checkpoint_every_steps=1) as cluster:
+            busy = {job: JobProfile(job, period_s=1.0, demand=(2.0,) * 20, devices=2,
+                                    models=(ModelMemory("policy", 1 << 20, 1 << 20),)) for job in ("a", "b")}
+            services = {job: cluster.service_client(job, profile=profile) for job, profile in busy.items()}
+            lost = cluster.node_ids.index(worker.node_id)
+            victim = next(job for job in services if cluster.metrics()["placement"][job]["group"] == lost)
+            for job, service in services.items():
+                if job != victim:
+                    service.close()
+            trainer = services[victim].create_training_client(base_model=model_dir)
+            for step in range(2):
+                trainer.forward_backward([datum])
+                trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
+                cluster.report_step(victim, step)
+            removed = time.perf_counter()
+            nodes.remove_node(worker)
+            try:
+                trainer.forward_backward([datum]).result()
+            except errors.WorkerFailed:
+                pass  # the job resumes from its restored step
+            trainer.forward_backward([datum])
+            trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
+            return time.perf_counter() - removed
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
 def run(model_dir: str, n: int = 200) -> dict:
     from plexrl.engines.ray_cluster import RayCluster
 
@@ -87,7 +132,9 @@ def run(model_dir: str, n: int = 200) -> dict:
         trainer = cluster.service_client(job="bench").create_training_client(base_model=model_dir)
         process_latency, process_pipelined = noop_overhead_ms(cluster, trainer.state, n)
     local_latency, local_pipelined = dispatch.noop_overhead_ms(n)
-    return {"requests": n, "ray_noop_latency_ms": latency, "ray_noop_pipelined_ms": pipelined,
+    ray.shutdown()
+    lost_node = node_loss_s(model_dir)
+    return {"node_loss_to_next_step_s": lost_node, "requests": n, "ray_noop_latency_ms": latency, "ray_noop_pipelined_ms": pipelined,
             "bare_ray_actor_roundtrip_ms": bare, "process_noop_latency_ms": process_latency,
             "process_noop_pipelined_ms": process_pipelined, "local_noop_latency_ms": local_latency,
             "local_noop_pipelined_ms": local_pipelined, "worker_death_to_next_step_s": recovery}
