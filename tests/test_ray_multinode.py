@@ -88,6 +88,41 @@ def test_placement_honoured_and_affinity_kept(two_nodes, micro_model):
         assert transitions and all(e["node"] == jobs[e["job"]] for e in transitions), "a state moved off its node"
 
 
+def test_a_job_migrates_between_nodes_and_is_re_placed_from_its_profile(two_nodes, micro_model):
+    from plexrl.engines.ray_cluster import RayCluster
+
+    with RayCluster(address="auto", devices_per_node=2, device_memory_bytes=16 * MiB, host_memory_bytes=64 * MiB,
+                    profile_steps=2) as cluster:
+        service = cluster.service_client("mover")
+        trainer = service.create_training_client(base_model=micro_model, seed=0)
+        reference = service.create_sampling_client(base_model=micro_model)
+        for _ in range(2):
+            trainer.forward_backward([datum([5, 6, 7, 8])])
+            trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+        sampler = trainer.save_weights_and_get_sampling_client()
+        before = cluster.fetch_weights(trainer.state)
+        source = cluster.metrics()["placement"]["mover"]["group"]
+
+        cluster.migrate("mover", 1 - source)
+        held = cluster.node_states()
+        assert {"mover/policy", "mover/frozen:micro"} <= set(held[1 - source])
+        assert not [sid for sid in held[source] if sid.startswith("mover/")], "a state stayed on the old node"
+        np.testing.assert_array_equal(cluster.fetch_weights(trainer.state), before)
+        trainer.forward_backward([datum([5, 6, 7, 8])])
+        assert trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S).metrics["step"] == 3.0
+        out = sampler.sample(plexrl.ModelInput.from_ints([5, 6]), sampling_params=plexrl.SamplingParams(max_tokens=3, seed=1))
+        assert len(out.result(TIMEOUT_S).sequences) == 1
+        assert len(reference.compute_logprobs(plexrl.ModelInput.from_ints([5, 6, 7])).result(TIMEOUT_S)) == 3
+        assert cluster.metrics()["migrations"] == 1
+
+        for step in range(2):  # step marks: the placer measures the job and replaces its guess
+            trainer.forward_backward([datum([5, 6, 7, 8])])
+            trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+            cluster.report_step("mover", step)
+        placed = cluster.metrics()["placement"]["mover"]
+        assert placed["provisional"] is False and placed["replacements"] >= 1
+
+
 def test_node_loss_restores_the_job_from_its_checkpoint(two_nodes, micro_model, tmp_path):
     """Runs last in this module: it removes the worker node."""
     from plexrl.engines.ray_cluster import RayCluster

@@ -13,7 +13,8 @@ numbers; weights leave a node only when asked (`fetch_weights`, as numpy).
 Failure semantics: a worker that dies mid-call fails that call with errors.WorkerFailed
 (retriable; not retried automatically) and the job continues from its last completed call
 (see ray_node.py). A lost node: its jobs are re-placed and restored from their latest
-checkpoints (ray_recovery.py). Not yet done on this engine: re-placement from measured profiles.
+checkpoints (ray_recovery.py). Re-placement from measured profiles moves a job between its steps
+(`migrate`: through the checkpoint directory).
 """
 
 from __future__ import annotations
@@ -334,10 +335,41 @@ class RayCluster(NodeRecovery):
         return self._configs[source]
 
     def report_step(self, job: str, step: int, **fields) -> None:
-        """A job's step boundary: logged, and a checkpoint every `checkpoint_every_steps` steps
-        (ray_recovery.py). Re-placement from measured profiles is not done on this engine yet."""
+        """A job's step boundary: logged, a checkpoint every `checkpoint_every_steps` steps
+        (ray_recovery.py), and the placer's look at its measured profile (`_replace`)."""
         self._ask("step", job, step, fields)
         self._step_mark(job, step)
+        self._replace(job)
+
+    def _replace(self, job: str) -> None:
+        """Re-placement from the job's measured profile (every `profile_steps` steps, as on the
+        local engines): when the placer moves it, the job migrates here, between its steps."""
+        models = [ModelMemory(h.name, h.device_bytes, h.host_bytes)
+                  for h in list(self._handles.values()) if h.job == job and "@" not in h.name]
+        events = [e for e in self.events() if e.get("job") == job] if self._ask("profile_due", job) else None
+        decided = self._ask("on_step", job, models, events)
+        if decided is None:
+            return
+        group, shift_s = decided
+        self.migrate(job, group)
+        time.sleep(shift_s)  # the job resumes on its new phase
+
+    def migrate(self, job: str, group: int) -> None:
+        """Move every model of `job` to node group `group` through the checkpoint directory:
+        trainable ones saved (with their optimizer) after their last call, then added on the new
+        node and loaded; samplers synced again. Counted in metrics()["migrations"]."""
+        source = self._ask("placement", job)
+        if source is None or source == group:
+            return
+        models = [h for h in list(self._handles.values()) if h.job == job and "@" not in h.name]
+        saves = [self.submit(h, "save_state", {"path": str(self.checkpoint_path(h, "migration")), "with_optimizer": True})
+                 for h in models if h.trainable]
+        for save in saves:
+            save.result()
+        inputs = self._ask("restore_inputs", job)
+        hosting.get(self.nodes[source].remove_job.remote(job))
+        self._ask("migrated", job, source, group, [h.state_id for h in models])
+        self._reinstate(job, group, inputs)
 
     def finish_job(self, job: str) -> None:
         group = self._ask("placement", job)
@@ -382,7 +414,7 @@ class RayCluster(NodeRecovery):
             usage["phase_shift_s"] = placed.get("phase_shift_s")
             usage["queueing_delay_s"] = placed.get("queueing_delay_s", 0.0)
         out.update(policy=self.policy.value, devices=self.devices, nodes=len(self.nodes), engine=self.engine,
-                   uptime_s=self._ask("now"), placement=placements, migrations=0)
+                   uptime_s=self._ask("now"), placement=placements, migrations=self._ask("migration_count"))
         return out
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class Control:
         self.recovery_points: dict[str, dict] = {}
         self.recovery = {"node_losses": 0, "restored_from_checkpoint": 0, "restored_from_base": 0, "lost_work_s": 0.0}
         self._lost: dict[int, str] = {}  # group -> "running" | "done"
+        self.migrations = 0
         self._fronts = 0
         self._lock = threading.Lock()
 
@@ -88,6 +89,23 @@ class Control:
 
     def placements(self) -> dict:
         return self.placer.summary()
+
+    def profile_due(self, job: str) -> bool:
+        return self.placer.profile_due(job)
+
+    def on_step(self, job: str, models: list, events: list[dict] | None) -> tuple[int, float] | None:
+        """The placer's look at a job's step boundary (`events`: the job's, when `profile_due`):
+        its new (group, phase shift) when it must move or shift, else None."""
+        decision = self.placer.on_step(job, lambda: events, models, self.telemetry.now())
+        if decision is None:
+            return None
+        return self.placer.group_index(decision), decision.phase_shift_s
+
+    def migrated(self, job: str, source: int, target: int, states: list[str]) -> None:
+        self.router.assign(job, target)
+        self.migrations += 1
+        self.telemetry.events.emit(self.telemetry.now(), "migration", job=job, source=source, target=target,
+                                   states=states)
 
     # -- routes ----------------------------------------------------------------------------------------
     def bind(self, handle, group: int) -> None:
@@ -162,6 +180,9 @@ class Control:
 
     def recovery_counts(self) -> dict:
         return dict(self.recovery)
+
+    def migration_count(self) -> int:
+        return self.migrations
 
     def events(self) -> list[dict]:
         return self.telemetry.events.snapshot()

@@ -118,25 +118,11 @@ class NodeRecovery:
 
     def _restore_job(self, job: str, lost_at: float) -> None:
         inputs = self._ask("restore_inputs", job)
-        models = [h for h in inputs["handles"] if "@" not in h.name]  # snapshots are synced again, not restored
-        for h in inputs["handles"]:
-            if h not in models:
-                self._ask("unbind", h.state_id)
+        models = [h for h in inputs["handles"] if "@" not in h.name]
         memory = [ModelMemory(h.name, h.device_bytes, h.host_bytes) for h in models]
         group = self._admit(provisional_profile(job, memory, self.slot_s), 0.10, True, None)
-        restored, from_base = {}, 0
-        for h in models:
-            hosting.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable))
-            self._bind(h, group)
-            checkpoint = inputs["checkpoints"].get(h.state_id)
-            if checkpoint is None:
-                from_base += 1
-                continue
-            self.submit(h, "load_state", {"path": checkpoint.path, "with_optimizer": checkpoint.with_optimizer}).result()
-            restored[h.name] = checkpoint
-        for h in models:
-            for name in inputs["synced"].get(h.state_id, ()):
-                self.submit(h, "sync_weights", {"name": name}).result()
+        restored = self._reinstate(job, group, inputs)
+        from_base = len(models) - len(restored)
         trainables = [h for h in models if h.trainable]
         since = min((restored[h.name].t if h.name in restored else inputs["started"]) for h in trainables) \
             if trainables else lost_at
@@ -145,3 +131,24 @@ class NodeRecovery:
                  "checkpoints": {name: c.path for name, c in restored.items()}}
         self._ask("restored", job, point, {"restored_from_checkpoint": len(restored), "restored_from_base": from_base,
                                            "lost_work_s": lost_at - since})
+
+    def _reinstate(self, job: str, group: int, inputs: dict) -> dict[str, Checkpoint]:
+        """Add `job`'s models on `group`, keeping their ids (its clients work unchanged): trainable
+        ones loaded from their latest checkpoint, the others from their base model; then sync every
+        sampler name again (snapshots are not moved). Returns the checkpoints used, by model name."""
+        models = [h for h in inputs["handles"] if "@" not in h.name]
+        for h in inputs["handles"]:
+            if h not in models:
+                self._ask("unbind", h.state_id)
+        restored = {}
+        for h in models:
+            hosting.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable))
+            self._bind(h, group)
+            checkpoint = inputs["checkpoints"].get(h.state_id)
+            if checkpoint is not None and h.trainable:
+                self.submit(h, "load_state", {"path": checkpoint.path, "with_optimizer": checkpoint.with_optimizer}).result()
+                restored[h.name] = checkpoint
+        for h in models:
+            for name in inputs["synced"].get(h.state_id, ()):
+                self.submit(h, "sync_weights", {"name": name}).result()
+        return restored

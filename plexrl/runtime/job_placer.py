@@ -129,6 +129,12 @@ class JobPlacer:
             self._cond.notify_all()
 
     # -- online profiling -----------------------------------------------------------------------------
+    def profile_due(self, job: str) -> bool:
+        """Whether the job's next `on_step` measures its profile (and so reads the events)."""
+        with self._cond:
+            record = self.jobs.get(job)
+            return record is not None and record.placement is not None and (record.steps_seen + 1) % self.profile_steps == 0
+
     def on_step(self, job: str, events: Callable[[], list[dict]], models: list[ModelMemory],
                 now: float) -> Placement | None:
         """Called at a job's step boundary; every `profile_steps` steps the job's profile is
