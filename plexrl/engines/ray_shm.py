@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -47,6 +48,9 @@ class SharedHostBuffers:
         self.folder = Path(folder)
         self._paths: dict[int, Path] = {}  # tensor data_ptr -> backing file
         self._ids = itertools.count()
+        # /dev/shm is RAM: files left behind by a process that exits without close() would stay
+        # until reboot. At exit (or when this object goes) every file it still owns is removed.
+        self._cleanup = weakref.finalize(self, _unlink_all, self._paths, self.folder)
 
     def allocate(self, nbytes: int) -> torch.Tensor:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -82,8 +86,12 @@ class SharedHostBuffers:
             path.unlink(missing_ok=True)
 
     def release_all(self) -> None:
-        for path in self._paths.values():
-            path.unlink(missing_ok=True)
-        self._paths.clear()
-        if self.folder.is_dir() and not any(self.folder.iterdir()):
-            self.folder.rmdir()
+        _unlink_all(self._paths, self.folder)
+
+
+def _unlink_all(paths: dict[int, Path], folder: Path) -> None:
+    for path in paths.values():
+        path.unlink(missing_ok=True)
+    paths.clear()
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
