@@ -9,6 +9,7 @@ other node and restored from its checkpoint in the shared checkpoint directory.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 
 import plexrl
 from plexrl import errors
+from plexrl.engines.ray_shm import shm_root
 from tests.helpers import datum
 
 ray = pytest.importorskip("ray")
@@ -166,3 +168,6 @@ def test_node_loss_restores_the_job_from_its_checkpoint(two_nodes, micro_model, 
         assert recovery["restored_from_checkpoint"] == 1 and recovery["restored_from_base"] == 1  # the reference
         kinds = [e["event"] for e in cluster.events() if e["event"] in ("node_lost", "job_restored")]
         assert kinds == ["node_lost", "job_restored"]
+    # The simulated node shares this machine's /dev/shm: remove what its dead runtime left there
+    # (a real lost node takes its shared memory with it).
+    shutil.rmtree(shm_root() / f"{cluster.name}-node{lost}", ignore_errors=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ import ray
 import plexrl
 from plexrl import errors
 from plexrl.bench import dispatch
+from plexrl.engines.ray_shm import shm_root
 
 
 class _Echo:
@@ -111,7 +113,9 @@ def node_loss_s(model_dir: str) -> float:
                 pass  # the job resumes from its restored step
             trainer.forward_backward([datum])
             trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
-            return time.perf_counter() - removed
+            seconds = time.perf_counter() - removed
+        shutil.rmtree(shm_root() / f"{cluster.name}-node{lost}", ignore_errors=True)  # the dead node's (same machine)
+        return seconds
     finally:
         ray.shutdown()
         nodes.shutdown()
