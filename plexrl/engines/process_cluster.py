@@ -18,6 +18,8 @@ Failures as on Ray: a worker process that dies fails its in-flight call with Wor
 
 from __future__ import annotations
 
+import os
+
 from plexrl.engines.hosting import ProcessActor, ThreadActor
 from plexrl.engines.ray_control import CONTROL_THREADS, Control
 from plexrl.engines.ray_cluster import NODE_CALL_THREADS, RayCluster
@@ -45,7 +47,10 @@ class ProcessCluster(RayCluster):
         return [None] * nodes
 
     def _host_worker(self, node_id, name: str, args: tuple):
-        return ProcessActor(DeviceWorker, args, name)
+        """Device d's process is pinned to one core (d-th of this process's, round robin): a CPU
+        "device" computes on its own core, as a GPU does, instead of migrating between cores."""
+        cores = sorted(os.sched_getaffinity(0))
+        return ProcessActor(DeviceWorker, (*args, (cores[args[0] % len(cores)],)), name)
 
     def _host_node(self, node_id, name: str, args: tuple):
         return ThreadActor(RayNode(*args), NODE_CALL_THREADS, name)

@@ -32,7 +32,10 @@ from plexrl.runtime.state import ModelState, load_module, skeleton_like
 
 class DeviceWorker:
     def __init__(self, device: int, capacity_bytes: int, threads: int = 1, torch_device: str = "cpu",
-                 writeback_flags: str | None = None):
+                 writeback_flags: str | None = None, cpu_cores: tuple[int, ...] | None = None):
+        """`cpu_cores`: pin this process to them (as a GPU worker is pinned near its GPU)."""
+        if cpu_cores:
+            os.sched_setaffinity(0, cpu_cores)
         self.device = device
         self._flags_path = writeback_flags  # the node's file (ray_shm.py): mapped at the first write-back
         self._flags = None
