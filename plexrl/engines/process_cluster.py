@@ -49,6 +49,8 @@ class ProcessCluster(RayCluster):
     def _host_worker(self, node_id, name: str, args: tuple):
         """Device d's process is pinned to one core (d-th of this process's, round robin): a CPU
         "device" computes on its own core, as a GPU does, instead of migrating between cores."""
+        if not hasattr(os, "sched_getaffinity"):  # not Linux: leave placement to the OS
+            return ProcessActor(DeviceWorker, args, name)
         cores = sorted(os.sched_getaffinity(0))
         return ProcessActor(DeviceWorker, (*args, (cores[args[0] % len(cores)],)), name)
 
