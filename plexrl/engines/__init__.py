@@ -32,6 +32,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'plexrl.engines' has no attribute {name!r}")
 
 
+def add_engine_option(parser) -> None:
+    """`--engine NAME` for a command that opens clusters (argparse)."""
+    parser.add_argument("--engine", default="process", choices=ENGINES,
+                        help="process: a process per device (default); local: one process, a thread per "
+                             "device; ray: Ray actors per device and node")
+
+
 def check_engine(engine: str) -> str:
     if engine not in ENGINES:
         from plexrl.errors import ConfigError

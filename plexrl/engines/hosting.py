@@ -97,15 +97,15 @@ class ProcessActor:
 
     def _call(self, name: str, args: tuple) -> Future:
         future: Future = Future()
-        message = cloudpickle.dumps((name, args))  # by value: closures and custom losses too
+        call_id = next(self._ids)
+        message = cloudpickle.dumps((call_id, name, args))  # by value: closures and custom losses too
         with self._lock:
             if self._killed:
                 future.set_exception(WorkerGone(f"{self.name} was shut down"))
                 return future
-            call_id = next(self._ids)
             self._pending[call_id] = future
             try:
-                self._conn.send_bytes(pickle.dumps((call_id, message)))
+                self._conn.send_bytes(message)
             except (OSError, ValueError):
                 pass  # the process is gone: the reader fails this call and restarts it
         return future
@@ -146,10 +146,9 @@ def _serve(conn: Connection) -> None:
     obj = cls(*args)
     while True:
         try:
-            call_id, message = pickle.loads(conn.recv_bytes())
+            call_id, name, call_args = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        name, call_args = pickle.loads(message)
         try:
             reply = (call_id, True, getattr(obj, name)(*call_args))
         except Exception as exc:  # the caller's error: it travels back, the worker carries on

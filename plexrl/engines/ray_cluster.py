@@ -346,7 +346,7 @@ class RayCluster(NodeRecovery):
         local engines): when the placer moves it, the job migrates here, between its steps."""
         models = [ModelMemory(h.name, h.device_bytes, h.host_bytes)
                   for h in list(self._handles.values()) if h.job == job and "@" not in h.name]
-        events = [e for e in self.events() if e.get("job") == job] if self._ask("profile_due", job) else None
+        events = self.events(job) if self._ask("profile_due", job) else None
         decided = self._ask("on_step", job, models, events)
         if decided is None:
             return
@@ -394,9 +394,10 @@ class RayCluster(NodeRecovery):
         lost = self._lost
         return [[] if g in lost else hosting.get(n.state_ids.remote()) for g, n in enumerate(self.nodes)]
 
-    def events(self) -> list[dict]:
-        merged = self._ask("events")
-        for part in hosting.get([n.events.remote() for n in self.live_nodes()]):
+    def events(self, job: str | None = None) -> list[dict]:
+        """The cluster's events on one time axis (only `job`'s when given: filtered where they live)."""
+        merged = self._ask("events", job)
+        for part in hosting.get([n.events.remote(job) for n in self.live_nodes()]):
             merged += part
         return sorted(merged, key=lambda e: e["t"])
 

@@ -18,7 +18,7 @@ import threading
 
 from plexrl.engines.ray_recovery import Checkpoint
 from plexrl.policy import JobProfile, ResourceView
-from plexrl.runtime.events import EventLog
+from plexrl.runtime.events import EventLog, job_events
 from plexrl.runtime.job_placer import JobPlacer
 from plexrl.runtime.router import Router
 from plexrl.runtime.telemetry import Telemetry
@@ -130,16 +130,14 @@ class Control:
                              for tid in handles for name in self.router.synced_names(tid)}}
 
     # -- checkpoints and lost groups (orchestrated by a front: engines/ray_recovery.py) ------------------
-    def saved(self, state_id: str, checkpoint: Checkpoint) -> None:
-        self.checkpoints[state_id] = checkpoint
+    def saved(self, state_id: str, job: str, path: str, with_optimizer: bool) -> None:
+        """A save_state completed: the model's latest checkpoint, at the job's last step mark."""
+        self.checkpoints[state_id] = Checkpoint(path, with_optimizer, self.telemetry.now(), self.steps.get(job))
 
     def step(self, job: str, step: int, fields: dict) -> None:
         """A job's step mark (profiles are measured from these events)."""
         self.steps[job] = step
         self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
-
-    def job_step(self, job: str) -> int | None:
-        return self.steps.get(job)
 
     def begin_recovery(self, group: int) -> list[str] | None:
         """The first front to report `group` lost gets its jobs (and retires the group); later ones None."""
@@ -184,5 +182,5 @@ class Control:
     def migration_count(self) -> int:
         return self.migrations
 
-    def events(self) -> list[dict]:
-        return self.telemetry.events.snapshot()
+    def events(self, job: str | None = None) -> list[dict]:
+        return job_events(self.telemetry.events.snapshot(), job)

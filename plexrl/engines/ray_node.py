@@ -32,7 +32,7 @@ from plexrl.engines import hosting
 from plexrl.engines.ray_shm import SharedHostBuffers
 from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
 from plexrl.runtime.arena import DeviceArena
-from plexrl.runtime.events import EventLog
+from plexrl.runtime.events import EventLog, job_events
 from plexrl.runtime.futures import APIFuture
 from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
@@ -345,8 +345,8 @@ class RayNode:
                                 for sid, s in self.sm.states.items()}
         return out
 
-    def events(self) -> list[dict]:
-        return self.telemetry.events.snapshot()
+    def events(self, job: str | None = None) -> list[dict]:
+        return job_events(self.telemetry.events.snapshot(), job)
 
     def where(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -56,8 +56,7 @@ class NodeRecovery:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def _saved(self, state, payload: dict) -> None:
-        self._ask("saved", state.state_id, Checkpoint(payload["path"], payload["with_optimizer"], self._ask("now"),
-                                                      self._ask("job_step", state.job)))
+        self._ask("saved", state.state_id, state.job, payload["path"], payload["with_optimizer"])
 
     def _step_mark(self, job: str, step: int) -> None:
         every = self.checkpoint_every_steps

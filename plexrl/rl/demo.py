@@ -80,9 +80,7 @@ def parse_args(argv):
     parser.add_argument("--json", action="store_true", help="print one JSON object with the final figures, nothing else")
     parser.add_argument("--out", default="plexrl-demo", help="folder for plots, events and summary (default ./plexrl-demo)")
     parser.add_argument("--policy", default="plexrl", help="scheduling policy of the multiplexed cluster (default plexrl)")
-    parser.add_argument("--engine", default="process", choices=engines.ENGINES,
-                        help="process: a process per device (default); local: one process, a thread per "
-                             "device; ray: Ray actors per device and node")
+    engines.add_engine_option(parser)
     return parser.parse_args(argv)
 
 

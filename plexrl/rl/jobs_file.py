@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("jobs_file", help="YAML file with 'jobs:' (and optionally 'cluster:')")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results")
     parser.add_argument("--check", action="store_true", help="validate the file and exit")
-    parser.add_argument("--engine", default="process", choices=engines.ENGINES,
-                        help="process: a process per device (default); local: one process, a thread per "
-                             "device; ray: Ray actors per device and node")
+    engines.add_engine_option(parser)
     args = parser.parse_args(argv)
     try:
         spec = load(args.jobs_file)

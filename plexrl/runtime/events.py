@@ -42,6 +42,11 @@ class EventLog:
                 self._file = None
 
 
+def job_events(records: list[dict], job: str | None) -> list[dict]:
+    """The records of `job` (all of them when `job` is None)."""
+    return records if job is None else [r for r in records if r.get("job") == job]
+
+
 def write_jsonl(records: list[dict], path: str | Path) -> Path:
     """Event records as JSON lines (what `plexrl sim calibrate` and the plots read)."""
     path = Path(path)
