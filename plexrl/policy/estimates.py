@@ -45,11 +45,16 @@ class ExecEstimator:
         own = self._by_key.get((model, fn))
         if own is None:
             own = self._by_key[(model, fn)] = Ewma(self.prior_s)
-        own.update(seconds)
         shared = self._by_fn.get(fn)
         if shared is None:
             shared = self._by_fn[fn] = Ewma(self.prior_s)
-        shared.update(seconds)
+        # `Ewma.update` inlined for both (the simulator calls this once per simulated call)
+        value = own.value
+        own.value = seconds if value is None else own.alpha * seconds + (1 - own.alpha) * value
+        own.samples += 1
+        value = shared.value
+        shared.value = seconds if value is None else shared.alpha * seconds + (1 - shared.alpha) * value
+        shared.samples += 1
 
 
 @dataclass

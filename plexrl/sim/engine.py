@@ -26,10 +26,11 @@ class EventLoop:
         heapq.heappush(self._heap, (time, self._seq, handler, arg))
         self._seq += 1
 
-    def reserve(self) -> int:
-        """Take the sequence number the next `at` would take, for `at_reserved`."""
-        self._seq += 1
-        return self._seq - 1
+    def reserve(self, n: int = 1) -> int:
+        """Take the `n` sequence numbers the next `n` calls of `at` would take, for `at_reserved`;
+        returns the first."""
+        self._seq += n
+        return self._seq - n
 
     def at_reserved(self, time: float, seq: int, handler: Callable[[Any], None], arg: Any = None) -> None:
         """Schedule an event under a sequence number taken earlier with `reserve`."""

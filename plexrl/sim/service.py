@@ -113,7 +113,7 @@ class Service:
                  exclusive: bool = False):
         self.loop = loop
         self.exclusive = exclusive  # every group serves one job: no decision is ever made (baselines)
-        self._together: dict[SimJob, list[tuple[float, int, tuple[SimWorker, ...]]]] = {}  # (end, seq, gang)
+        self._together: dict[SimJob, tuple[list[float], list[tuple[SimWorker, ...]]]] = {}  # (ends, gangs)
         self.policy = policy
         self.on_job_done = on_job_done
         self.ledger = Ledger()
@@ -158,14 +158,15 @@ class Service:
         job.outstanding = len(gangs)
         job.submitted += len(gangs)
         est_s = self.estimator.estimate(sid, fn)  # no call ends while a phase is submitted
-        if self.exclusive and self._run_together(job, sid, fn, gangs, phase.shard_s, est_s, now):
+        if self.exclusive and self._run_together(job, sid, gangs, phase.shard_s, est_s, now):
             return
+        at, done = self.loop.at, self._done
         queued: dict[int, Group] = {}  # insertion-ordered: determinism
         for gang, exec_s in zip(gangs, phase.shard_s, strict=True):
             req = Request(job, sid, fn, exec_s, now, gang)
             group = gang[0].group
-            if not group.waiting and (not gang[0].busy if len(gang) == 1 else _all_idle(gang)):
-                self._run(req, est_s)  # nothing to compete with: every policy starts it
+            if not group.waiting and _all_idle(gang):
+                at(self._hold(job, sid, gang, exec_s, now, est_s), done, req)  # nothing to compete with
                 continue
             group.add(self._seq, req, est_s)
             self._seq += 1
@@ -174,25 +175,25 @@ class Service:
             self._dispatch(group)
 
     def _dispatch(self, group: Group) -> None:
-        for req in group.select(self.policy, self.loop.now):
-            self._run(req, self.estimator.estimate(req.state_id, req.fn))
+        estimate, now = self.estimator.estimate, self.loop.now
+        for req in group.select(self.policy, now):
+            end = self._hold(req.job, req.state_id, req.gang, req.exec_s, req.arrival, estimate(req.state_id, req.fn))
+            self.loop.at(end, self._done, req)
 
-    def _run(self, req: Request, est_s: float) -> None:
-        self.loop.at(self._hold(req, est_s), self._done, req)
-
-    def _hold(self, req: Request, est_s: float) -> float:
+    def _hold(self, job: SimJob, sid: str, gang: tuple[SimWorker, ...], exec_s: float, arrival: float,
+              est_s: float) -> float:
         """Make the call's state resident on every GPU of its gang, charge the job, and hold
         the gang; returns when the call ends. `est_s` is the call's current execution estimate."""
-        now, sid, gang, exec_s = self.loop.now, req.state_id, req.gang, req.exec_s
+        now = self.loop.now
         resident = True
         for w in gang:
             state = w.states[sid]
             state.last_used = now
             if state.tier is not DEVICE:
                 resident = False
-        switch_s = 0.0 if resident else self._switch_in(gang, req, now)  # resident everywhere: most calls
+        switch_s = 0.0 if resident else self._switch_in(gang, job.name, sid, now)  # resident everywhere: most calls
         expected_end, held_s = now + switch_s + est_s, switch_s + exec_s
-        charge_gang(self.ledger, req.job.name, gang, exec_s, now - req.arrival)
+        charge_gang(self.ledger, job.name, gang, exec_s, now - arrival)
         for w in gang:
             w.busy = True
             w.expected_end = expected_end
@@ -205,26 +206,25 @@ class Service:
         self.busy_gpus.append(len(gang))
         return end
 
-    def _switch_in(self, gang: tuple[SimWorker, ...], req: Request, now: float) -> float:
-        """Make `req`'s state resident on every GPU of the gang where it is not; charge each GPU's
-        moves, and a GPU held in the gang while a slower GPU switches its wait; returns the
-        gang's switch seconds."""
-        sid = req.state_id
-        switch = [self._load(w, req, now) if w.states[sid].tier is not DEVICE else 0.0 for w in gang]
+    def _switch_in(self, gang: tuple[SimWorker, ...], job: str, sid: str, now: float) -> float:
+        """Make state `sid` resident on every GPU of the gang where it is not; charge `job` each
+        GPU's moves, and a GPU held in the gang while a slower GPU switches its wait; returns
+        the gang's switch seconds."""
+        switch = [self._load(w, job, sid, now) if w.states[sid].tier is not DEVICE else 0.0 for w in gang]
         switch_s = max(switch)
         for w, own_s in zip(gang, switch):
             if own_s < switch_s:  # held in the gang while a slower GPU switches
-                self.ledger.charge_transition(req.job.name, w.wid, "gang_wait", 0, switch_s - own_s)
+                self.ledger.charge_transition(job, w.wid, "gang_wait", 0, switch_s - own_s)
         return switch_s
 
-    def _load(self, worker: SimWorker, req: Request, now: float) -> float:
+    def _load(self, worker: SimWorker, job: str, sid: str, now: float) -> float:
         seconds = 0.0
-        for move in worker.make_resident(req.state_id, now):
-            self.ledger.charge_transition(req.job.name, worker.wid, KIND_NAME[move.kind], move.nbytes, move.seconds)
+        for move in worker.make_resident(sid, now):
+            self.ledger.charge_transition(job, worker.wid, KIND_NAME[move.kind], move.nbytes, move.seconds)
             seconds += move.seconds
         return seconds
 
-    def _run_together(self, job: SimJob, sid: str, fn: str, gangs: list[tuple[SimWorker, ...]],
+    def _run_together(self, job: SimJob, sid: str, gangs: list[tuple[SimWorker, ...]],
                       shard_s: tuple[float, ...], est_s: float, now: float) -> bool:
         """Exclusive groups: start every call of the phase now and end them in one event, at
         the last call's end and sequence number, which is where that call's `_done` would run.
@@ -234,29 +234,32 @@ class Service:
         for gang in gangs:
             if gang[0].group.waiting or not _all_idle(gang):
                 return False
-        reserve = self.loop.reserve
-        calls = [(self._hold(Request(job, sid, fn, exec_s, now, gang), est_s), reserve(), gang)
-                 for gang, exec_s in zip(gangs, shard_s, strict=True)]
-        self._together[job] = calls
-        end, seq, _ = max(calls, key=_end_key)
-        self.loop.at_reserved(end, seq, self._done_together, job)
+        hold = self._hold
+        ends = [hold(job, sid, gang, exec_s, now, est_s) for gang, exec_s in zip(gangs, shard_s, strict=True)]
+        first = self.loop.reserve(len(ends))  # call i's end takes sequence number first + i
+        last = 0  # the latest end; a tie goes to the later call (the larger sequence number)
+        for i in range(1, len(ends)):
+            if ends[i] >= ends[last]:
+                last = i
+        self._together[job] = (ends, gangs)
+        self.loop.at_reserved(ends[last], first + last, self._done_together, job)
         return True
 
     def _done_together(self, job: SimJob) -> None:
-        calls = self._together.pop(job)
-        for _, _, gang in calls:
+        ends, gangs = self._together.pop(job)
+        for gang in gangs:
             for w in gang:
                 w.busy = False
             gang[0].group.idle += len(gang)
-        self.loop.count(len(calls) - 1)  # this handler is the last call's end; the others ended before
-        job.served += len(calls)
+        self.loop.count(len(ends) - 1)  # this handler is the last call's end; the others ended before
+        job.served += len(ends)
         job.outstanding = 0
         self._advance(job)
 
     def finish(self, until: float) -> None:
         """At the horizon: count the calls of phases ending together that ended by `until`."""
-        for job, calls in self._together.items():
-            ended = sum(1 for end, _, _ in calls if end <= until)
+        for job, (ends, _) in self._together.items():
+            ended = sum(1 for end in ends if end <= until)
             job.served += ended
             self.loop.count(ended)
 
@@ -288,10 +291,6 @@ def charge_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: f
     usage.exec_s, usage.exec_wall_s = total, wall
     usage.queue_wait_s += wait_s
     usage.requests += 1
-
-
-def _end_key(call: tuple[float, int, object]) -> tuple[float, int]:
-    return call[0], call[1]
 
 
 def _all_idle(gang: tuple[SimWorker, ...]) -> bool:
