@@ -23,9 +23,10 @@ from plexrl.policy.placement import FirstFit, Placement, Placer
 from plexrl.policy.resources import ResourceView
 from plexrl.sim.group import Group
 from plexrl.sim.latency import gpu_arena_bytes
-from plexrl.sim.phases import states_of
+from plexrl.sim.phases import StepPlans, states_of
+from plexrl.sim.placement_memo import MemoPlacer, PlacementMemo
 from plexrl.sim.profiles import job_profile
-from plexrl.sim.runner import Mode
+from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.service import SimJob
 from plexrl.errors import ConfigError
 from plexrl.sim.workload import GB, Cluster
@@ -77,6 +78,11 @@ class PlexRLMode(Mode):
             Group(gid, [self.workers[d] for d in g.devices])
         self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S))
         self.by_name: dict[str, SimJob] = {}
+
+    def run(self, plans: StepPlans | None = None, placements: PlacementMemo | None = None) -> ModeResult:
+        if placements is not None:
+            self.admission.placer = MemoPlacer(self.admission.placer, placements)
+        return super().run(plans)
 
     def _arrive(self, job: SimJob) -> None:
         self.by_name[job.name] = job

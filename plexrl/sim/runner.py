@@ -19,6 +19,7 @@ from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import gpu_arena_bytes, job_costs
 from plexrl.sim.phases import StepPlans
+from plexrl.sim.placement_memo import PlacementMemo
 from plexrl.sim.service import Service, SimJob
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import GB, Cluster, Job, Workload
@@ -132,8 +133,9 @@ class Mode:
         """GPUs the mode gives the job (reserved by the baselines)."""
         return job.gpus
 
-    def run(self, plans: StepPlans | None = None) -> ModeResult:
-        """Simulate the workload; `plans` shares planned steps with other modes of the same workload."""
+    def run(self, plans: StepPlans | None = None, placements: PlacementMemo | None = None) -> ModeResult:
+        """Simulate the workload; `plans` shares planned steps, `placements` the placer's answers
+        (modes that place with the policy's placer), with other modes of the same workload."""
         t0 = time.perf_counter()
         for index, spec in enumerate(expand_jobs(self.workload)):
             self.cluster.check_job(spec)

@@ -15,6 +15,7 @@ from typing import Callable
 from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import ColocatedMode
 from plexrl.sim.phases import StepPlans
+from plexrl.sim.placement_memo import PlacementMemo
 from plexrl.sim.plexrl_mode import PlexRLMode, first_fit, no_shift, whole_tail
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
@@ -55,10 +56,11 @@ def simulate(
     t0 = time.perf_counter()
     runs: dict[str, ModeResult] = {}
     plans = StepPlans()  # modes that plan a step alike draw and plan it once
+    placements = PlacementMemo()  # modes that ask the placer the same question in the same state ask once
     for mode in modes:
         if on_mode:
             on_mode(mode)
-        runs[mode] = table[mode](workload, cluster).run(plans)
+        runs[mode] = table[mode](workload, cluster).run(plans, placements)
     wall = time.perf_counter() - t0
     events = sum(r.events for r in runs.values())
     sim_wall = sum(r.wall_s for r in runs.values())

@@ -1,0 +1,59 @@
+"""Placement answers shared by the PlexRL modes of one `simulate` call: exact memoisation.
+
+`Placer.place` is deterministic: its answer depends only on the placer's configuration, the
+state its earlier operations left (every place, with its profile and time, and every release,
+in order) and the call's arguments. Modes that ask the same questions in the same order (the
+request policies, until a job ends at a different time in one of them) get the same answers,
+so `MemoPlacer` asks its placer once per (configuration, history, profile, time) and replays
+the answer in the other modes, making exactly the state change the placer would have made:
+`decide` advances the horizon, and a `Placement` is committed. The key is the whole history,
+so a replayed answer is always the one the placer would give (tested against fresh placers).
+The decisions still come from `plexrl.policy`; only repeated questions are not asked twice.
+"""
+
+from __future__ import annotations
+
+from plexrl.policy.placement import Placement, Placer, Wait
+from plexrl.policy.profile import JobProfile
+
+
+class PlacementMemo:
+    """Answers of every placer of one workload on one cluster, by question and history."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple, Placement | Wait] = {}
+        self.asked = 0  # questions the placers answered themselves (the rest were replayed)
+
+
+class MemoPlacer:
+    """A `Placer` (what `AdmissionQueue` calls of it) answering from `memo` when it was asked
+    the same question in the same state before."""
+
+    def __init__(self, placer: Placer, memo: PlacementMemo):
+        self.placer, self.memo = placer, memo
+        view, horizon = placer.view, placer.horizon
+        self._history: tuple = (type(placer).__name__, placer.max_shifts, horizon.slots, horizon.slot_s,
+                                tuple(g.name for g in view.groups), len(view.row_device))
+
+    def place(self, profile: JobProfile, now: float) -> Placement | Wait:
+        key = (self._history, profile, now)
+        answer = self.memo.answers.get(key)
+        if answer is None:
+            answer = self.memo.answers[key] = self.placer.place(profile, now)
+            self.memo.asked += 1
+        else:  # what `place` would have changed: `decide` advances the horizon, a placement is held
+            self.placer.horizon.advance(now)
+            if isinstance(answer, Placement):
+                self.placer.commit(profile, answer, now)
+        self._history = key
+        return answer
+
+    def release(self, job: str) -> None:
+        self.placer.release(job)
+        self._history = (self._history, "release", job)
+
+    def placements(self) -> dict[str, Placement]:
+        return self.placer.placements()
+
+    def __getattr__(self, name: str):  # anything else (view, horizon, ...) is the placer's
+        return getattr(self.placer, name)

@@ -1,0 +1,53 @@
+"""Placement answers shared between modes are the answers fresh placers give, run for run.
+
+Workload: the pinned one, except that `code` has no slack, so it waits for ever (every release
+retries it) while the other jobs stack on shared GPUs and end at times that depend on the
+request policy. So the modes' placement histories agree at first (answers replayed) and part
+once a job ends at another time (answers asked). Reference: each mode run alone with no memo,
+its own placer answering every question.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from plexrl.policy import Policy
+from plexrl.sim.phases import StepPlans
+from plexrl.sim.placement_memo import PlacementMemo
+from plexrl.sim.plexrl_mode import PlexRLMode, first_fit
+
+from test_sim_together import figures
+from test_sim_pinned import CLUSTER, WORKLOAD
+
+PARTING = WORKLOAD.model_copy(update={"jobs": [j.model_copy(update={"slack": 0.0 if j.name == "code" else 1.0})
+                                               for j in WORKLOAD.jobs]})
+MODES = {  # in run order: name -> (mode, questions the placer itself answers when run after the ones above)
+    "plexrl": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.PLEXRL), 9),
+    "sjf": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.SJF), 3),  # parts after its first release
+    "fcfs": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.FCFS), 0),  # ends jobs as plexrl does
+    "firstfit": (lambda: first_fit(PARTING, CLUSTER, Policy.PLEXRL), 9),  # another placer: its own questions
+    "firstfit-sjf": (lambda: first_fit(PARTING, CLUSTER, Policy.SJF), 2),
+}
+
+
+@pytest.fixture(scope="module")
+def shared():
+    memo, plans, runs, asked = PlacementMemo(), StepPlans(), {}, {}
+    for name, (mode, _) in MODES.items():
+        before = memo.asked
+        runs[name] = mode().run(plans, memo)
+        asked[name] = memo.asked - before
+    return runs, asked
+
+
+@pytest.mark.parametrize("name", MODES)
+def test_a_mode_sharing_answers_runs_as_it_does_alone(shared, name):
+    runs, _ = shared
+    alone = MODES[name][0]().run(StepPlans())
+    assert figures(runs[name]) == figures(alone)
+
+
+@pytest.mark.parametrize("name", MODES)
+def test_the_placer_is_asked_only_where_the_history_is_new(shared, name):
+    _, asked = shared
+    assert asked[name] == MODES[name][1]
