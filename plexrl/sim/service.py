@@ -160,14 +160,14 @@ class Service:
         est_s = self.estimator.estimate(sid, fn)  # no call ends while a phase is submitted
         if self.exclusive and self._run_together(job, sid, gangs, phase.shard_s, est_s, now):
             return
-        at, done = self.loop.at, self._done
+        at, done, hold = self.loop.at, self._done, self._hold
         queued: dict[int, Group] = {}  # insertion-ordered: determinism
         for gang, exec_s in zip(gangs, phase.shard_s, strict=True):
-            req = Request(job, sid, fn, exec_s, now, gang)
             group = gang[0].group
-            if not group.waiting and _all_idle(gang):
-                at(self._hold(job, sid, gang, exec_s, now, est_s), done, req)  # nothing to compete with
+            if not group.waiting and _all_idle(gang):  # nothing to compete with: every policy starts it
+                at(hold(job, sid, gang, exec_s, now, est_s), done, (job, sid, fn, exec_s, gang))
                 continue
+            req = Request(job, sid, fn, exec_s, now, gang)
             group.add(self._seq, req, est_s)
             self._seq += 1
             queued[group.gid] = group
@@ -177,8 +177,9 @@ class Service:
     def _dispatch(self, group: Group) -> None:
         estimate, now = self.estimator.estimate, self.loop.now
         for req in group.select(self.policy, now):
-            end = self._hold(req.job, req.state_id, req.gang, req.exec_s, req.arrival, estimate(req.state_id, req.fn))
-            self.loop.at(end, self._done, req)
+            job, sid, fn, exec_s, gang = req.job, req.state_id, req.fn, req.exec_s, req.gang
+            self.loop.at(self._hold(job, sid, gang, exec_s, req.arrival, estimate(sid, fn)), self._done,
+                         (job, sid, fn, exec_s, gang))
 
     def _hold(self, job: SimJob, sid: str, gang: tuple[SimWorker, ...], exec_s: float, arrival: float,
               est_s: float) -> float:
@@ -197,7 +198,6 @@ class Service:
         for w in gang:
             w.busy = True
             w.expected_end = expected_end
-            w.current = sid
             w.busy_s += held_s
         gang[0].group.idle -= len(gang)
         end = now + switch_s + exec_s  # not now + held_s: the float sums stay as pinned
@@ -263,13 +263,14 @@ class Service:
             job.served += ended
             self.loop.count(ended)
 
-    def _done(self, req: Request) -> None:
-        for w in req.gang:
+    def _done(self, call: tuple[SimJob, str, str, float, tuple[SimWorker, ...]]) -> None:
+        """One call's end; `call` is (job, state id, function, execution seconds, gang)."""
+        job, sid, fn, exec_s, gang = call
+        for w in gang:
             w.busy = False
-        group = req.gang[0].group
-        group.idle += len(req.gang)
-        self.estimator.observe(req.state_id, req.fn, req.exec_s)
-        job = req.job
+        group = gang[0].group
+        group.idle += len(gang)
+        self.estimator.observe(sid, fn, exec_s)
         job.served += 1
         job.outstanding -= 1
         if job.outstanding == 0:

@@ -67,7 +67,6 @@ class SimWorker:
     disk_bytes_per_s: float  # this GPU's share of its node's disk
     states: dict[str, Resident] = field(default_factory=dict)
     busy: bool = False
-    current: str | None = None  # the state the last dispatch ran on (the paper's `curr`)
     busy_s: float = 0.0
     expected_end: float = 0.0  # when the running call is expected to end (estimates, for backfill)
     used: int = 0  # DEVICE-resident bytes
@@ -92,8 +91,6 @@ class SimWorker:
             if self.states[sid].tier is DEVICE:
                 self.used -= self.states[sid].nbytes
             del self.states[sid]
-            if self.current == sid:
-                self.current = None
 
     def host_used(self) -> int:
         return sum(r.nbytes for r in self.states.values() if r.tier is not DISK)
