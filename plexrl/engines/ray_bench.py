@@ -3,8 +3,9 @@ measured in one run.
 
 - no-op overhead: submit -> driver -> node actor (group queue, policy) -> worker actor -> future,
   on a resident state, awaited one at a time (latency) and pipelined (per request);
-- reference: a bare Ray actor method round trip, timed in the same run (the Ray engine makes two
-  hops per request: driver -> node, node -> worker);
+- references, timed in the same run: a bare Ray actor method round trip, and a bare chain of the
+  engine's shape (driver -> a threaded actor that calls a second actor and waits), the floor of
+  two hops per request (driver -> node, node -> worker) with nothing of ours on the path;
 - recovery: from a worker's death mid-call to the job's next successful optimizer step, and from
   a node's loss to the next step of its job restored on another node (simulated 2-node cluster).
 
@@ -33,15 +34,32 @@ class _Echo:
         return None
 
 
-def bare_actor_ms(n: int) -> float:
-    echo = ray.remote(_Echo).options(num_cpus=0).remote()
-    ray.get(echo.noop.remote())
+class _Relay:
+    """A node actor's shape without the node: forward each call to another actor and wait."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def noop(self) -> None:
+        return ray.get(self.target.noop.remote())
+
+
+def _round_trip_ms(actor, n: int) -> float:
+    ray.get(actor.noop.remote())
     t0 = time.perf_counter()
     for _ in range(n):
-        ray.get(echo.noop.remote())
-    elapsed = (time.perf_counter() - t0) / n
+        ray.get(actor.noop.remote())
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def bare_actor_ms(n: int) -> tuple[float, float]:
+    """(one hop, two hops through a threaded relay) in milliseconds per awaited call."""
+    echo = ray.remote(_Echo).options(num_cpus=0).remote()
+    relay = ray.remote(_Relay).options(num_cpus=0, max_concurrency=8).remote(echo)
+    one, two = _round_trip_ms(echo, n), _round_trip_ms(relay, n)
+    ray.kill(relay)
     ray.kill(echo)
-    return elapsed * 1e3
+    return one, two
 
 
 def noop_overhead_ms(cluster, state, n: int) -> tuple[float, float]:
@@ -127,7 +145,7 @@ def run(model_dir: str, n: int = 200) -> dict:
     with RayCluster(devices_per_node=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20) as cluster:
         trainer = cluster.service_client(job="bench").create_training_client(base_model=model_dir)
         latency, pipelined = noop_overhead_ms(cluster, trainer.state, n)
-        bare = bare_actor_ms(n)
+        bare, chain = bare_actor_ms(n)
         datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
         recovery = recovery_s(trainer, datum)
     from plexrl.engines.process_cluster import ProcessCluster
@@ -139,7 +157,8 @@ def run(model_dir: str, n: int = 200) -> dict:
     ray.shutdown()
     lost_node = node_loss_s(model_dir)
     return {"node_loss_to_next_step_s": lost_node, "requests": n, "ray_noop_latency_ms": latency, "ray_noop_pipelined_ms": pipelined,
-            "bare_ray_actor_roundtrip_ms": bare, "process_noop_latency_ms": process_latency,
+            "bare_ray_actor_roundtrip_ms": bare, "bare_ray_two_hop_chain_ms": chain,
+            "ray_noop_latency_vs_two_hop_chain": latency / chain, "process_noop_latency_ms": process_latency,
             "process_noop_pipelined_ms": process_pipelined, "local_noop_latency_ms": local_latency,
             "local_noop_pipelined_ms": local_pipelined, "worker_death_to_next_step_s": recovery}
 
