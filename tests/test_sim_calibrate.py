@@ -171,18 +171,26 @@ def test_a_timeline_the_mechanism_could_write_is_replayed_exactly():
 
 @pytest.mark.parametrize("dispatch_s", [0.0, 0.02])
 def test_a_slower_device_lengthens_the_replayed_steps(dispatch_s):
-    """The replay is driven by the calls' times, not the log's clock: doubling every run time
+    """The replay is driven by the calls' times, not the log's clock: doubling every call's hold
     (and adding dispatch overhead) moves every end later by exactly the added device time."""
-    events = hand_events()
-    for e in events:
-        if e["event"] == "end":
-            e["wall_s"] *= 2
-            e["device_s"] *= 2
-    trace = build_trace(events)
-    trace = dataclasses.replace(trace, dispatch_s=dispatch_s)
+    trace = build_trace(hand_events())
+    calls = tuple(dataclasses.replace(c, wall_s=2 * c.wall_s, device_s=2 * c.device_s) for c in trace.calls)
+    trace = dataclasses.replace(trace, calls=calls, dispatch_s=dispatch_s)
     result = replay(trace, "exact", device_bytes=100)
     added = {1: 0.5 + dispatch_s, 2: 0.5 + 0.3 + 2 * dispatch_s, 3: 0.5 + 0.3 + 0.2 + 3 * dispatch_s}
     assert result.call_end == pytest.approx({k: HAND_ENDS[k] + added[k] for k in HAND_ENDS}, abs=1e-9)
+
+
+def test_the_hold_is_start_to_end_not_the_function_alone():
+    """On the process and Ray engines a device is held for the hop to its process and back and
+    for the write-through, beyond the function's own `wall_s`: the trace keeps the whole hold."""
+    events = hand_events()
+    for e in events:
+        if e["event"] == "end":
+            e["wall_s"] /= 2  # the function took half of what held the device
+    trace = build_trace(events)
+    assert {c.id: c.wall_s for c in trace.calls} == pytest.approx({1: 0.5, 2: 0.3, 3: 0.2}, abs=1e-9)
+    assert replay(trace, "exact", device_bytes=100).call_end == pytest.approx(HAND_ENDS, abs=1e-9)
 
 
 def test_replay_is_deterministic(real_run):

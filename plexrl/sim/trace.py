@@ -10,9 +10,12 @@ simulator's mechanism, so the trace keeps only what a controller *caused*:
   own time since the last of them ended (tool calls, rewards, Python). A replay releases the call
   `gap_s` after all `after` predecessors have ended in the replay. This is conservative (it
   assumes every earlier end was needed) and exact for a controller that waits on its results;
-- execution: per call, the device hold (`wall_s`) and the charge (`device_s`); a call without a
-  device (weight sync, save/load) holds its model's FIFO for its real start-to-end time; the
-  runtime's own per-call overhead before a device starts a call (`dispatch_s`);
+- execution: per call, the device hold (`wall_s`: from its `start`, after its switch, to its
+  `end`) and the charge (`device_s`); the hold is what kept the device from other calls: on the
+  local engine the function's run, on the process and Ray engines also the hop to the device's
+  process and back and the write-through of a mutated state. A call without a device (weight
+  sync, save/load) holds its model's FIFO for the same start-to-end time; the runtime's own
+  per-call overhead before a device starts a call (`dispatch_s`);
 - memory and transfers: state sizes, which states were retired, which functions leave a state
   dirty (an offload after them copied bytes), the mean time of each (kind, bytes moved) of
   load/offload, and load/offload bandwidth for sizes the run never moved.
@@ -44,7 +47,7 @@ class TracedCall:
     start: float
     end: float
     device: int | None  # None: ran on the node's I/O threads
-    wall_s: float  # device hold (device calls) or start-to-end (device-less calls)
+    wall_s: float  # start-to-end: the device's (or, device-less, the model's) hold
     device_s: float  # charged device time; 0 for device-less calls
     after: int  # how many of the job's calls (in real end order) ended before this arrival
     gap_s: float  # arrival minus the latest of those ends (or the origin)
@@ -161,7 +164,7 @@ def _calls(by_kind: dict[str, list[dict]], origin: float) -> list[TracedCall]:
         arrival = arrivals[rid]["t"] - origin
         start = starts[rid]["t"] - origin if rid in starts else arrival
         device = end.get("device")
-        wall = end.get("wall_s", end["t"] - origin - start) if device is not None else end["t"] - origin - start
+        wall = end["t"] - origin - start  # the device's hold: on remote engines more than the function's own time
         calls.append(TracedCall(rid, end["job"], end["model"], end["fn"], arrival, start, end["t"] - origin,
                                 device, float(wall), float(end.get("device_s", 0.0) if device is not None else 0.0),
                                 0, 0.0))
