@@ -56,4 +56,6 @@ class MemoPlacer:
         return self.placer.placements()
 
     def __getattr__(self, name: str):  # anything else (view, horizon, ...) is the placer's
+        if name == "placer":  # not set yet (a copy being built): no recursion through __getattr__
+            raise AttributeError(name)
         return getattr(self.placer, name)
