@@ -70,7 +70,9 @@ class BandwidthEstimator:
         ewma = self._by_kind.get(kind)
         if ewma is None:
             ewma = self._by_kind[kind] = Ewma(self.prior_bytes_per_s)
-        ewma.update(nbytes / seconds)
+        rate, value = nbytes / seconds, ewma.value  # `Ewma.update` inlined: once per simulated transition
+        ewma.value = rate if value is None else ewma.alpha * rate + (1 - ewma.alpha) * value
+        ewma.samples += 1
 
     def bytes_per_s(self, kind: str) -> float:
         ewma = self._by_kind.get(kind)

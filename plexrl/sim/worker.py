@@ -128,8 +128,8 @@ class SimWorker:
         equal plans. The arena and host capacities are the GPU's own and never change."""
         states = self.states.values()
         rank = {t: i for i, t in enumerate(sorted({r.last_used for r in states}))}
-        return state_id, tuple((r.state_id, r.tier, r.offset, r.nbytes, r.state_id in pending, rank[r.last_used])
-                               for r in states)
+        return state_id, tuple([(r.state_id, r.tier, r.offset, r.nbytes, r.state_id in pending, rank[r.last_used])
+                                for r in states])
 
     def pending(self) -> set[str]:
         """States with queued work on this GPU: the planner keeps them resident if it can."""
