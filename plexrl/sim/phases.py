@@ -28,6 +28,7 @@ of drawing and planning it again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,8 +38,7 @@ from plexrl.sim.workload import Job
 SAMPLER, REF, TRAINER = "sampler", "ref", "trainer"
 
 
-@dataclass(frozen=True)
-class Phase:
+class Phase(NamedTuple):  # immutable; a tuple because every step of every job builds ~15 of them
     fn: str  # sample | logprobs | ref_logprobs | update | sync | tools | reward
     state: str | None  # the model state it runs on; None for device-idle phases
     shard_s: tuple[float, ...] = ()  # device phases: seconds per shard
