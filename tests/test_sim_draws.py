@@ -17,9 +17,7 @@ def test_sim_job_walks_blocks_in_step_order():
     expected = draw_steps(JOB, rng) + draw_steps(JOB, rng)
     job = SimJob(JOB, 1, 3, None, 0.0)
     for step, want in enumerate(expected[: JOB.steps]):
-        if not job.draws:
-            job.draws = draw_steps(JOB, job.rng)[::-1]
-        got = job.draws.pop()
+        got = job.plans.draws(JOB, job.seed, job.index, step)
         assert np.array_equal(got.lengths, want.lengths), step
         assert np.array_equal(got.tool_waits, want.tool_waits) and got.reward_factor == want.reward_factor
         assert np.array_equal(got.refill, want.refill)

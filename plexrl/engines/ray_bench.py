@@ -52,7 +52,7 @@ def _round_trip_ms(actor, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def bare_actor_ms(n: int) -> tuple[float, float]:
+def bare_ray_ms(n: int) -> tuple[float, float]:
     """(one hop, two hops through a threaded relay) in milliseconds per awaited call."""
     echo = ray.remote(_Echo).options(num_cpus=0).remote()
     relay = ray.remote(_Relay).options(num_cpus=0, max_concurrency=8).remote(echo)
@@ -145,7 +145,7 @@ def run(model_dir: str, n: int = 200) -> dict:
     with RayCluster(devices_per_node=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20) as cluster:
         trainer = cluster.service_client(job="bench").create_training_client(base_model=model_dir)
         latency, pipelined = noop_overhead_ms(cluster, trainer.state, n)
-        bare, chain = bare_actor_ms(n)
+        bare, chain = bare_ray_ms(n)
         datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
         recovery = recovery_s(trainer, datum)
     from plexrl.engines.process_cluster import ProcessCluster

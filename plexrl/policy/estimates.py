@@ -16,10 +16,10 @@ class Ewma:
     value: float | None = None
     samples: int = 0
 
-    def update(self, x: float) -> float:
-        self.value = x if self.value is None else self.alpha * x + (1 - self.alpha) * self.value
+    def update(self, x: float) -> None:
+        value = self.value
+        self.value = x if value is None else self.alpha * x + (1 - self.alpha) * value
         self.samples += 1
-        return self.value
 
     def get(self) -> float:
         return self.prior if self.value is None else self.value
@@ -48,13 +48,8 @@ class ExecEstimator:
         shared = self._by_fn.get(fn)
         if shared is None:
             shared = self._by_fn[fn] = Ewma(self.prior_s)
-        # `Ewma.update` inlined for both (the simulator calls this once per simulated call)
-        value = own.value
-        own.value = seconds if value is None else own.alpha * seconds + (1 - own.alpha) * value
-        own.samples += 1
-        value = shared.value
-        shared.value = seconds if value is None else shared.alpha * seconds + (1 - shared.alpha) * value
-        shared.samples += 1
+        own.update(seconds)
+        shared.update(seconds)
 
 
 @dataclass
@@ -70,9 +65,7 @@ class BandwidthEstimator:
         ewma = self._by_kind.get(kind)
         if ewma is None:
             ewma = self._by_kind[kind] = Ewma(self.prior_bytes_per_s)
-        rate, value = nbytes / seconds, ewma.value  # `Ewma.update` inlined: once per simulated transition
-        ewma.value = rate if value is None else ewma.alpha * rate + (1 - ewma.alpha) * value
-        ewma.samples += 1
+        ewma.update(nbytes / seconds)
 
     def bytes_per_s(self, kind: str) -> float:
         ewma = self._by_kind.get(kind)

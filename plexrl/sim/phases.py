@@ -163,11 +163,12 @@ class StepPlans:
         if steps is None:
             steps = self._plans[key] = []
         while len(steps) <= step:
-            draws = self._step_draws(job, seed, index, len(steps))
+            draws = self.draws(job, seed, index, len(steps))
             steps.append(plan_step(job, costs, draws, rollout_gpus, train_gpus, consolidate_tail))
         return steps[step]
 
-    def _step_draws(self, job: Job, seed: int, index: int, step: int) -> StepDraws:
+    def draws(self, job: Job, seed: int, index: int, step: int) -> StepDraws:
+        """What `job` draws for its step `step`: its own generator's blocks, in step order."""
         draws = self._draws.get((seed, index, job.name))
         if draws is None:
             draws = self._draws[(seed, index, job.name)] = _JobDraws(job_rng(seed, index), _length_type(job))

@@ -137,6 +137,7 @@ class Mode:
         """Simulate the workload; `plans` shares planned steps, `placements` the placer's answers
         (modes that place with the policy's placer), with other modes of the same workload."""
         t0 = time.perf_counter()
+        plans = plans if plans is not None else StepPlans()
         for index, spec in enumerate(expand_jobs(self.workload)):
             self.cluster.check_job(spec)
             job = SimJob(spec, index, self.workload.seed, self.costs_for(spec), spec.arrival_s,

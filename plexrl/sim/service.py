@@ -31,15 +31,13 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from plexrl.policy import ExecEstimator, Ledger, Policy
 from plexrl.policy.types import Tier
 
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
-from plexrl.sim.phases import Phase, StepDraws, StepPlans, draw_steps, job_rng, plan_step
+from plexrl.sim.phases import Phase, StepPlans
 from plexrl.sim.worker import KIND_NAME, Request, SimWorker
 from plexrl.sim.workload import Job
 
@@ -64,15 +62,12 @@ class SimJob:
     outstanding: int = 0
     submitted: int = 0
     served: int = 0
-    rng: np.random.Generator | None = None
     consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas
-    draws: list[StepDraws] = field(default_factory=list)  # the next steps' draws, last step first
-    plans: StepPlans | None = None  # shared with other modes of the same workload: plan each step once
+    plans: StepPlans = field(default_factory=StepPlans)  # shared with other modes of the workload: planned once
     _units: dict[tuple[str, int], list[tuple[SimWorker, ...]]] = field(default_factory=dict)
     _sids: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.rng = job_rng(self.seed, self.index)
         self._name = self.spec.name  # read on every call; the spec is a pydantic model
 
     @property
@@ -86,13 +81,8 @@ class SimJob:
         return sid
 
     def next_phases(self) -> list[Phase]:
-        if self.plans is not None:
-            return self.plans.step(self.spec, self.seed, self.index, self.costs, self.step,
-                                   len(self.workers["sampler"]), len(self.workers["trainer"]), self.consolidate_tail)
-        if not self.draws:
-            self.draws = draw_steps(self.spec, self.rng)[::-1]
-        return plan_step(self.spec, self.costs, self.draws.pop(), len(self.workers["sampler"]),
-                         len(self.workers["trainer"]), self.consolidate_tail)
+        return self.plans.step(self.spec, self.seed, self.index, self.costs, self.step,
+                               len(self.workers["sampler"]), len(self.workers["trainer"]), self.consolidate_tail)
 
     def gangs(self, phase: Phase) -> list[tuple[SimWorker, ...]]:
         """The gang of each of a phase's shards: consecutive runs of `shard_gpus` of the state's
