@@ -1,6 +1,7 @@
 """The service's hot-path ledger charge equals the Ledger's own methods, bit for bit.
 
-`charge_gang` inlines `Ledger.charge_exec` per GPU and `Ledger.record_wait` for speed; the
+`occupy_gang` holds a call's gang and inlines `Ledger.charge_exec` per GPU and
+`Ledger.record_wait` for speed; the
 reference applies the Ledger's methods to a second ledger for the same calls, interleaved with
 transitions, and every figure of the two summaries must be identical (not merely close).
 """
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plexrl.policy import Ledger
-from plexrl.sim.service import charge_gang
+from plexrl.sim.service import occupy_gang
 from plexrl.sim.worker import SimWorker
 
 WORKERS = [SimWorker(wid=i, arena_bytes=10**6, host_bytes=10**9, link_bytes_per_s=1.0, disk_bytes_per_s=1.0)
@@ -35,12 +36,15 @@ def reference(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: flo
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(charge, max_size=30))
-def test_charge_gang_equals_the_ledger_methods(calls):
+def test_occupy_gang_equals_the_ledger_methods(calls):
     fast, slow = Ledger(), Ledger()
     for job, gang, exec_s, wait_s, switch_s in calls:
         for ledger in (fast, slow):
             if switch_s is not None:
                 ledger.charge_transition(job, gang[0].wid, "load", 1, switch_s)
-        charge_gang(fast, job, gang, exec_s, wait_s)
+        busy_before = [w.busy_s for w in gang]
+        occupy_gang(fast, job, gang, exec_s, wait_s, exec_s + 1.0, exec_s + 2.0)
+        for w, before in zip(gang, busy_before):
+            assert w.busy and w.expected_end == exec_s + 1.0 and w.busy_s == before + (exec_s + 2.0)
         reference(slow, job, gang, exec_s, wait_s)
     assert fast.summary() == slow.summary()

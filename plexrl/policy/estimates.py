@@ -34,13 +34,18 @@ class ExecEstimator:
     _by_fn: dict[str, Ewma] = field(default_factory=dict)
 
     def estimate(self, model: str, fn: str) -> float:
+        """The model's own average once it has a sample, else the function's over all models,
+        else the prior."""
         own = self._by_key.get((model, fn))
-        if own is not None:
-            return own.get()
+        if own is not None and own.value is not None:
+            return own.value
         shared = self._by_fn.get(fn)
         return shared.get() if shared is not None else self.prior_s
 
-    def observe(self, model: str, fn: str, seconds: float) -> None:
+    def ewmas(self, model: str, fn: str) -> tuple[Ewma, Ewma]:
+        """The (model, function) and the function's averages that `observe` updates: a caller
+        that observes the same pair many times (the simulator, once per call) looks them up once
+        and calls `Ewma.update` on both, in this order."""
         # get-then-create: setdefault would build a throw-away Ewma on every call (a hot path)
         own = self._by_key.get((model, fn))
         if own is None:
@@ -48,6 +53,10 @@ class ExecEstimator:
         shared = self._by_fn.get(fn)
         if shared is None:
             shared = self._by_fn[fn] = Ewma(self.prior_s)
+        return own, shared
+
+    def observe(self, model: str, fn: str, seconds: float) -> None:
+        own, shared = self.ewmas(model, fn)
         own.update(seconds)
         shared.update(seconds)
 

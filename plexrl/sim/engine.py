@@ -38,6 +38,14 @@ class EventLoop:
             raise ValueError(f"cannot schedule an event at t={time} before now={self.now}")
         heapq.heappush(self._heap, (time, seq, handler, arg))
 
+    def at_all_reserved(self, entries: list[tuple[float, int, Callable[[Any], None], Any]]) -> None:
+        """`at_reserved` for each (time, sequence number, handler, argument) of `entries`."""
+        heap, now, push = self._heap, self.now, heapq.heappush
+        for entry in entries:
+            if entry[0] < now:
+                raise ValueError(f"cannot schedule an event at t={entry[0]} before now={now}")
+            push(heap, entry)
+
     def count(self, n: int) -> None:
         """`n` more occurrences processed by the running handler on behalf of other events."""
         self.events += n

@@ -183,7 +183,7 @@ class Mode:
                 0.0 if usage is None else usage.switch_s, job.submitted, job.served,
             ))
         s = self.service
-        start, stop, gpus = (np.frombuffer(a, dtype=np.float64) for a in (s.busy_start, s.busy_end, s.busy_gpus))
+        start, stop, gpus = np.frombuffer(s.busy, dtype=np.float64).reshape(-1, 3).T.copy()
         busy = float(np.sum((np.minimum(stop, end) - np.minimum(start, end)) * gpus))
         switch = sum(r.switch_gpu_s for r in records)
         return ModeResult(self.name, self.cluster.gpus, records, end, self.loop.events, wall_s, busy, switch,

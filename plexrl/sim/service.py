@@ -14,10 +14,12 @@ GPUs a job's states are placed on, how GPUs are grouped, and what the job is cha
   5) when every shard of a phase is done the controller moves on (idle phases are timers).
 Execution estimates for the priority are learned online (`ExecEstimator`), as in the runtime.
 Invariant (tested): per GPU, ledger busy time == the busy intervals recorded here.
-Speed: this is the simulator's hot loop (one `_hold` and one `_done` per call). A call whose
-state is resident on its whole gang (most) skips planning; the ledger charge is inlined
-(`charge_gang`, bit-identical to the Ledger's methods, tested); a call that starts at once
-travels as a plain tuple (a `Request` only when it queues). In the baselines (`exclusive`:
+Speed: this is the simulator's hot loop (one start and one `_done` per call). A call that
+starts at once with its state resident on its whole gang (most) is started inline by
+`_submit_phase` (`_hold` without a switch: no planning); the hold and the ledger charge are one
+pass over the gang (`occupy_gang`, bit-identical to the Ledger's methods, tested); such a call
+travels as a plain tuple (a `Request` only when it queues) that carries the two moving averages
+its end updates (`ExecEstimator.ewmas`: looked up once per phase, not per call). In the baselines (`exclusive`:
 each group serves one job, so nothing competes and no estimate is read) a phase's calls start
 together and end in one event that stands for all of them (`_run_together`; tested equal to
 one event per call). Shared groups keep one event per call: ending their phases together was
@@ -110,7 +112,7 @@ class Service:
         self.on_job_done = on_job_done
         self.ledger = Ledger()
         self.estimator = ExecEstimator(prior_s=prior_s)
-        self.busy_start, self.busy_end, self.busy_gpus = array("d"), array("d"), array("d")
+        self.busy = array("d")  # every call's (start, end, GPUs), flat
         self._seq = 0
 
     # --- controllers --------------------------------------------------------------------------
@@ -145,57 +147,65 @@ class Service:
 
     # --- groups and GPUs ------------------------------------------------------------------------
     def _submit_phase(self, job: SimJob, phase: Phase) -> None:
-        now, sid, fn = self.loop.now, job.state_id(phase.state), phase.fn
+        loop, estimator = self.loop, self.estimator
+        now, sid, fn = loop.now, job.state_id(phase.state), phase.fn
         gangs = job.gangs(phase)
-        job.outstanding = len(gangs)
-        job.submitted += len(gangs)
-        est_s = self.estimator.estimate(sid, fn)  # no call ends while a phase is submitted
+        n = len(gangs)
+        job.outstanding = n
+        job.submitted += n
+        est_s = estimator.estimate(sid, fn)  # no call ends while a phase is submitted
         if self.exclusive and self._run_together(job, sid, gangs, phase.shard_s, est_s, now):
             return
-        at, done, hold = self.loop.at, self._done, self._hold
+        ewmas = estimator.ewmas(sid, fn)  # the estimates each call's end updates (`_done`)
+        # call i, when it starts now, ends under sequence number first + i: the numbers its
+        # `loop.at` would have taken (a queued call's end is scheduled later, after all of them)
+        first, ends = loop.reserve(n), []
+        done, ledger, name = self._done, self.ledger, job.name
+        busy_extend = self.busy.extend
         queued: dict[int, Group] = {}  # insertion-ordered: determinism
-        for gang, exec_s in zip(gangs, phase.shard_s, strict=True):
+        for i, (gang, exec_s) in enumerate(zip(gangs, phase.shard_s, strict=True)):
             group = gang[0].group
-            if not group.waiting and _all_idle(gang):  # nothing to compete with: every policy starts it
-                at(hold(job, sid, gang, exec_s, now, est_s), done, (job, sid, fn, exec_s, gang))
-                continue
+            if not group.waiting:
+                for w in gang:
+                    if w.busy:
+                        break
+                else:  # nothing to compete with: every policy starts it now
+                    if mark_used(gang, sid, now):  # most calls: `_hold` without a switch, inlined (the same floats)
+                        end = now + exec_s
+                        occupy_gang(ledger, name, gang, exec_s, 0.0, now + est_s, exec_s)
+                        group.idle -= len(gang)
+                        busy_extend((now, end, len(gang)))
+                    else:
+                        end = self._hold(job, sid, gang, exec_s, now, est_s)
+                    ends.append((end, first + i, done, (job, sid, fn, exec_s, gang, ewmas)))
+                    continue
             req = Request(job, sid, fn, exec_s, now, gang)
             group.add(self._seq, req, est_s)
             self._seq += 1
             queued[group.gid] = group
+        loop.at_all_reserved(ends)
         for group in queued.values():
             self._dispatch(group)
 
     def _dispatch(self, group: Group) -> None:
-        estimate, now = self.estimator.estimate, self.loop.now
+        estimator, now = self.estimator, self.loop.now
         for req in group.select(self.policy, now):
             job, sid, fn, exec_s, gang = req.job, req.state_id, req.fn, req.exec_s, req.gang
-            self.loop.at(self._hold(job, sid, gang, exec_s, req.arrival, estimate(sid, fn)), self._done,
-                         (job, sid, fn, exec_s, gang))
+            self.loop.at(self._hold(job, sid, gang, exec_s, req.arrival, estimator.estimate(sid, fn)), self._done,
+                         (job, sid, fn, exec_s, gang, estimator.ewmas(sid, fn)))
 
     def _hold(self, job: SimJob, sid: str, gang: tuple[SimWorker, ...], exec_s: float, arrival: float,
               est_s: float) -> float:
         """Make the call's state resident on every GPU of its gang, charge the job, and hold
         the gang; returns when the call ends. `est_s` is the call's current execution estimate."""
         now = self.loop.now
-        resident = True
-        for w in gang:
-            state = w.states[sid]
-            state.last_used = now
-            if state.tier is not DEVICE:
-                resident = False
+        resident = mark_used(gang, sid, now)
         switch_s = 0.0 if resident else self._switch_in(gang, job.name, sid, now)  # resident everywhere: most calls
         expected_end, held_s = now + switch_s + est_s, switch_s + exec_s
-        charge_gang(self.ledger, job.name, gang, exec_s, now - arrival)
-        for w in gang:
-            w.busy = True
-            w.expected_end = expected_end
-            w.busy_s += held_s
+        occupy_gang(self.ledger, job.name, gang, exec_s, now - arrival, expected_end, held_s)
         gang[0].group.idle -= len(gang)
         end = now + switch_s + exec_s  # not now + held_s: the float sums stay as pinned
-        self.busy_start.append(now)
-        self.busy_end.append(end)
-        self.busy_gpus.append(len(gang))
+        self.busy.extend((now, end, len(gang)))
         return end
 
     def _switch_in(self, gang: tuple[SimWorker, ...], job: str, sid: str, now: float) -> float:
@@ -255,14 +265,16 @@ class Service:
             job.served += ended
             self.loop.count(ended)
 
-    def _done(self, call: tuple[SimJob, str, str, float, tuple[SimWorker, ...]]) -> None:
-        """One call's end; `call` is (job, state id, function, execution seconds, gang)."""
-        job, sid, fn, exec_s, gang = call
+    def _done(self, call: tuple) -> None:
+        """One call's end; `call` is (job, state id, function, execution seconds, gang, and the
+        two moving averages its duration updates: `ExecEstimator.ewmas`)."""
+        job, _, _, exec_s, gang, (own, shared) = call
         for w in gang:
             w.busy = False
         group = gang[0].group
         group.idle += len(gang)
-        self.estimator.observe(sid, fn, exec_s)
+        own.update(exec_s)  # `ExecEstimator.observe`, with its two look-ups done at submission
+        shared.update(exec_s)
         job.served += 1
         job.outstanding -= 1
         if job.outstanding == 0:
@@ -271,19 +283,36 @@ class Service:
             self._dispatch(group)
 
 
-def charge_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: float, wait_s: float) -> None:
-    """`Ledger.charge_exec` on every GPU of the gang, then `Ledger.record_wait`, inlined for the
-    hot path: the same additions in the same order, so the figures are bit-identical (tested
-    against the Ledger's own methods)."""
+def occupy_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: float, wait_s: float,
+                expected_end: float, held_s: float) -> None:
+    """Hold every GPU of the gang (busy, expected to end at `expected_end`, `held_s` more busy
+    seconds) and charge the job: `Ledger.charge_exec` on every GPU, then `Ledger.record_wait`,
+    inlined for the hot path: the same additions in the same order, so the figures are
+    bit-identical (tested against the Ledger's own methods)."""
     usage, device_busy = ledger.jobs[job], ledger.device_busy_s
     total, wall = usage.exec_s, usage.exec_wall_s  # summed in locals: the same additions, fewer writes
     for w in gang:
         total += exec_s
         wall += exec_s
         device_busy[w.wid] += exec_s
+        w.busy = True
+        w.expected_end = expected_end
+        w.busy_s += held_s
     usage.exec_s, usage.exec_wall_s = total, wall
     usage.queue_wait_s += wait_s
     usage.requests += 1
+
+
+def mark_used(gang: tuple[SimWorker, ...], sid: str, now: float) -> bool:
+    """Record that state `sid` is used now on every GPU of the gang; whether it is resident on
+    all of them."""
+    resident = True
+    for w in gang:
+        state = w.states[sid]
+        state.last_used = now
+        if state.tier is not DEVICE:
+            resident = False
+    return resident
 
 
 def _all_idle(gang: tuple[SimWorker, ...]) -> bool:
