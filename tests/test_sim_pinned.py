@@ -9,6 +9,7 @@ updates them in the same commit and says why; a speed-up never does.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from plexrl.sim.simulate import MODES, simulate
@@ -51,6 +52,18 @@ def test_every_mode_reproduces_its_pinned_figures_exactly(runs, mode):
     got = (r.events, sum(sum(j.step_times) for j in r.records), sum(j.charged_gpu_s for j in r.records),
            r.switch_gpu_s, r.busy_gpu_s)
     assert got == PINNED[mode]
+
+
+def test_modes_run_in_several_processes_give_the_same_figures(runs):
+    """`processes` only changes where the modes run: every record, ledger and busy interval of
+    every mode is the one-process run's (the modes of one process share their caches, which
+    are exact memos)."""
+    apart = simulate(WORKLOAD, CLUSTER, MODES, processes=3)
+    assert apart["processes"] == 3 and list(apart["runs"]) == list(MODES)
+    for mode, r in apart["runs"].items():
+        one = runs[mode]
+        assert (r.events, r.end_s, r.records, r.ledger) == (one.events, one.end_s, one.records, one.ledger)
+        assert all(np.array_equal(a, b) for a, b in zip(r.busy_intervals, one.busy_intervals))
 
 
 def test_the_pin_covers_every_mode():

@@ -69,7 +69,8 @@ def test_cli_json_has_every_documented_field(tmp_path, capsys):
     )
     assert main([str(path), "--json", "--modes", "colocated,split,plexrl,plexrl-fcfs", "--plots", str(tmp_path / "p")]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["events_per_s"] > 0 and doc["wall_s"] > 0
+    assert doc["events_per_s"] > 0 and doc["wall_s"] > 0 and doc["events_per_process_s"] > 0
+    assert doc["processes"] >= 1
     assert set(doc["results"]) == {"colocated", "split", "plexrl", "plexrl-fcfs"}
     for summary in doc["results"].values():
         for key in ("gpu_hours_per_step", "cost_reduction_vs_colocated", "slowdown_mean", "slowdown_p95",
@@ -77,6 +78,12 @@ def test_cli_json_has_every_documented_field(tmp_path, capsys):
             assert key in summary
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
         "cost_per_step.png", "makespan.png", "queue_delay_cdf.png", "utilization.png"]
+
+
+def test_cli_refuses_zero_processes(capsys):
+    assert main(["paper-mix", "--processes", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "processes = 0; expected at least 1" in err and "Traceback" not in err
 
 
 def test_cli_bad_file_is_one_line_not_a_traceback(tmp_path, capsys):

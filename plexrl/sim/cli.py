@@ -1,4 +1,4 @@
-"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N]` and
+"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N] [--processes N]` and
 `plexrl sim calibrate EVENTS.jsonl [--device-bytes N] [--policy P] [--json]`.
 
 WORKLOAD is a YAML path or a shipped name (`paper-mix`, `scale-1024`); the cluster comes from
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from plexrl.errors import ConfigError
@@ -34,7 +36,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--seeds", type=int, default=1,
                    help="run seeds seed..seed+N-1 and add per-mode mean/worst figures as 'over_seeds' (default 1)")
+    p.add_argument("--processes", type=int, default=usable_cpus(),
+                   help="run the modes in this many processes; the results do not depend on it "
+                        f"(default: the CPUs this process may use, {usable_cpus()})")
     return p.parse_args(argv)
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         workload = load_workload(args.workload)
         cluster = load_cluster(args.cluster or workload.cluster)
         modes = tuple(m for m in args.modes.split(",") if m)
-        with err.status("simulating") as status:
-            seeds = over_seeds(workload, cluster, args.seeds, modes, on_mode=lambda m: status.update(f"simulating {m}"))
+        runs = len(set(modes) | {"colocated"}) * args.seeds
+        columns = (SpinnerColumn(), TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("modes"), TimeElapsedColumn(), TextColumn("{task.description}"))
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task("", total=runs)
+            seeds = over_seeds(workload, cluster, args.seeds, modes, processes=args.processes,
+                               on_mode=lambda m: progress.update(task, advance=1, description=f"{m} done"))
         out = seeds["runs"][0]
     except (ConfigError, ValueError) as exc:
         err.print(f"[red]plexrl sim:[/red] {exc}")
@@ -56,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plots:
         paths = plot(out["runs"], out["results"], args.plots)
         err.print(f"plots: {', '.join(str(p) for p in paths)}")
-    doc = {k: out[k] for k in ("events_per_s", "wall_s", "events")}
+    doc = {k: out[k] for k in ("events_per_s", "events_per_process_s", "wall_s", "events", "processes")}
     doc.update(workload=workload.name, cluster=cluster.name, gpus=cluster.gpus, results=out["results"])
     if args.seeds > 1:
         doc["over_seeds"] = {"seeds": seeds["seeds"], "modes": seeds["modes"]}
@@ -84,7 +101,8 @@ def show(doc: dict, console: Console) -> None:
             row.append(f"{v / 3600:.2f}" if key.endswith("_s") else f"{v:.1%}" if key != "gpu_hours_per_step" else f"{v:.3f}")
         table.add_row(*row)
     console.print(table)
-    console.print(f"{doc['events']:,} events in {doc['wall_s']:.2f} s wall: {doc['events_per_s']:,.0f} events/s")
+    console.print(f"{doc['events']:,} events in {doc['wall_s']:.2f} s wall: {doc['events_per_s']:,.0f} events/s "
+                  f"({doc['processes']} processes; {doc['events_per_process_s']:,.0f} events/s per process)")
     if "over_seeds" in doc:
         table = Table(title=f"over seeds {doc['over_seeds']['seeds']}")
         for name in ("mode", "cost cut mean", "min", "slowdown mean", "worst", "worst p95"):
