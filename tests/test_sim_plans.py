@@ -62,12 +62,15 @@ LONG = JOB.model_copy(update={"rollout": JOB.rollout.model_copy(update={"max_tok
 def test_packed_draws_unpack_to_the_drawn_floats(job, packed):
     """Lengths are kept as uint16 between shapes when they fit: unpacked they must be the very
     floats drawn."""
-    from plexrl.sim.phases import _JobDraws, _length_type
+    from plexrl.sim.phases import _length_type
 
-    drawn = draw_steps(job, job_rng(3, 1))
-    store = _JobDraws(job_rng(3, 1), _length_type(job))
-    assert store.length_type is packed
-    for d in drawn:
-        back = store.unpack(store.pack(d))
+    assert _length_type(job) is packed
+    rng, plans = job_rng(3, 1), StepPlans()
+    drawn = draw_steps(job, rng) + draw_steps(job, rng)
+    for step, d in enumerate(drawn):
+        back = plans.draws(job, 3, 1, step)
         assert back.lengths.dtype == np.float64 and np.array_equal(back.lengths, d.lengths)
-        assert np.array_equal(back.refill, d.refill) and back.tool_waits is d.tool_waits
+        assert np.array_equal(back.refill, d.refill) and np.array_equal(back.tool_waits, d.tool_waits)
+        assert back.reward_factor == d.reward_factor
+    (store,) = plans._draws.values()
+    assert all(b.lengths.dtype == packed and b.refill.dtype == packed for b in store.blocks)

@@ -137,14 +137,23 @@ def sample_lengths(rollout: Rollout, n: int, rng: np.random.Generator) -> np.nda
 def decode_shards(costs: JobCosts, lengths: np.ndarray, replicas: int) -> tuple[float, ...]:
     """Seconds each of `replicas` spends decoding its share of `lengths`: even blocks in order,
     the remainder (< replicas) one each to the first replicas."""
-    n = len(lengths) - len(lengths) % replicas
-    head = lengths[:n].reshape(replicas, -1)
-    longest, total = head.max(axis=1, initial=0.0), head.sum(axis=1)
-    rest = lengths[n:]
-    if len(rest):  # skipped when the block divides evenly: a few numpy calls per phase saved
-        longest[: len(rest)] = np.maximum(longest[: len(rest)], rest)
-        total[: len(rest)] += rest
-    return tuple((costs.decode_step_s * longest + costs.decode_seq_s * total).tolist())
+    return tuple(decode_rows(costs, lengths[None, :], replicas)[0].tolist())
+
+
+def decode_rows(costs: JobCosts, lengths: np.ndarray, replicas: int) -> np.ndarray:
+    """`decode_shards` of each row of `lengths` (rows: steps of one job, all the same size),
+    shape (rows, replicas): one pass of numpy calls for a block of steps, the same floats as
+    row by row (each row's sums reduce the same contiguous runs)."""
+    rows, size = lengths.shape
+    n = size - size % replicas
+    head = lengths[:, :n].reshape(rows, replicas, -1)
+    longest, total = head.max(axis=2, initial=0.0), head.sum(axis=2)
+    if n < size:  # skipped when the block divides evenly: a few numpy calls per phase saved
+        rest = lengths[:, n:]
+        k = size - n
+        longest[:, :k] = np.maximum(longest[:, :k], rest)
+        total[:, :k] += rest
+    return costs.decode_step_s * longest + costs.decode_seq_s * total
 
 
 def tail_cut(lengths: np.ndarray, capacity: int) -> float | None:
@@ -155,20 +164,39 @@ def tail_cut(lengths: np.ndarray, capacity: int) -> float | None:
     return float(np.partition(lengths, len(lengths) - capacity - 1)[len(lengths) - capacity - 1])
 
 
+Split = tuple[tuple[float, ...], tuple[float, ...]]
+
+
 def consolidated_shards(
     costs: JobCosts, lengths: np.ndarray, replicas: int, prompt_tokens: int, tail_replicas: int | None = None
-) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+) -> Split | None:
     """(main seconds per replica, tail seconds per tail replica) with the long tail consolidated
     onto `tail_replicas` replicas, or None when that frees nothing (no more replicas than the
     tail needs, or a rollout that fits the tail)."""
+    return consolidated_rows(costs, lengths[None, :], replicas, prompt_tokens, tail_replicas)[0]
+
+
+def consolidated_rows(
+    costs: JobCosts, lengths: np.ndarray, replicas: int, prompt_tokens: int, tail_replicas: int | None = None
+) -> list[Split | None]:
+    """`consolidated_shards` of each row of `lengths` (a block of steps), the same floats."""
     tail_replicas = tail_replicas or TAIL_REPLICAS
-    cut = tail_cut(lengths, costs.tail_batch * tail_replicas) if replicas > tail_replicas else None
-    if cut is None or cut <= 0:
-        return None
-    main = decode_shards(costs, np.minimum(lengths, cut), replicas)
-    rest = lengths[lengths > cut] - cut
-    reprefill = costs.prefill_token_s * (prompt_tokens + cut)
-    counts = np.full(tail_replicas, len(rest) // tail_replicas)  # responses per tail replica, dealt round-robin
-    counts[: len(rest) % tail_replicas] += 1
-    tail = np.asarray(decode_shards(costs, rest, tail_replicas)) + reprefill * counts
-    return main, tuple(tail.tolist())
+    rows, size = lengths.shape
+    capacity = costs.tail_batch * tail_replicas
+    if replicas <= tail_replicas or size <= capacity:
+        return [None] * rows
+    cuts = np.partition(lengths, size - capacity - 1, axis=1)[:, size - capacity - 1]
+    main = decode_rows(costs, np.minimum(lengths, cuts[:, None]), replicas)
+    above = lengths > cuts[:, None]
+    survivors = above.sum(axis=1)
+    reprefill = costs.prefill_token_s * (prompt_tokens + cuts)
+    tails: list[np.ndarray | None] = [None] * rows
+    for count in np.unique(survivors[cuts > 0]).tolist():  # rows with as many survivors: one pass
+        same = np.flatnonzero((survivors == count) & (cuts > 0))
+        rest = (lengths[same][above[same]].reshape(len(same), count) - cuts[same, None])
+        dealt = np.full(tail_replicas, count // tail_replicas)  # responses per tail replica, round-robin
+        dealt[: count % tail_replicas] += 1
+        tail = decode_rows(costs, rest, tail_replicas) + reprefill[same, None] * dealt
+        for i, row in zip(same.tolist(), tail):
+            tails[i] = row
+    return [None if tails[i] is None else (tuple(main[i].tolist()), tuple(tails[i].tolist())) for i in range(rows)]

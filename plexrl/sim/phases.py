@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from plexrl.sim.latency import JobCosts, consolidated_shards, decode_shards, sample_lengths
+from plexrl.sim.latency import JobCosts, consolidated_rows, decode_rows, sample_lengths
 from plexrl.sim.workload import Job
 
 SAMPLER, REF, TRAINER = "sampler", "ref", "trainer"
@@ -71,7 +71,39 @@ def draw_block(job: Job) -> int:
     return min(DRAW_BLOCK, job.steps)
 
 
-def draw_steps(job: Job, rng: np.random.Generator) -> list[StepDraws]:
+@dataclass(frozen=True)
+class DrawBlock:
+    """Every random quantity of consecutive steps of one job, one row per step."""
+
+    lengths: np.ndarray  # (steps, responses), tokens
+    tool_waits: np.ndarray  # (steps, turns), seconds
+    refill: np.ndarray | None  # (steps, refill responses)
+    reward_factor: tuple[float, ...]  # one per step
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def step(self, i: int) -> StepDraws:
+        return StepDraws(self.lengths[i], self.tool_waits[i], None if self.refill is None else self.refill[i],
+                         self.reward_factor[i])
+
+    def rows(self, first: int, last: int, lengths_type: type | None = None) -> DrawBlock:
+        """Steps [first, last) of the block, with the lengths (and refills) as `lengths_type`
+        (a copy) when given."""
+        lengths, refill = self.lengths[first:last], None if self.refill is None else self.refill[first:last]
+        if lengths_type is not None:
+            lengths = lengths.astype(lengths_type)
+            refill = None if refill is None else refill.astype(lengths_type)
+        return DrawBlock(lengths, self.tool_waits[first:last], refill, self.reward_factor[first:last])
+
+    @staticmethod
+    def of(steps: list[StepDraws]) -> DrawBlock:
+        refill = None if steps[0].refill is None else np.stack([d.refill for d in steps])
+        return DrawBlock(np.stack([d.lengths for d in steps]), np.stack([d.tool_waits for d in steps]), refill,
+                         tuple(d.reward_factor for d in steps))
+
+
+def draw_rows(job: Job, rng: np.random.Generator) -> DrawBlock:
     """The draws of the job's next `draw_block(job)` steps."""
     r, k = job.rollout, draw_block(job)
     lengths = sample_lengths(r, k * r.responses, rng).reshape(k, r.responses)
@@ -81,9 +113,13 @@ def draw_steps(job: Job, rng: np.random.Generator) -> list[StepDraws]:
         m = max(1, round(r.refill_fraction * r.responses))
         refills = sample_lengths(r, k * m, rng).reshape(k, m)
     reward = rng.lognormal(0.0, 0.1, size=k)
-    return [
-        StepDraws(lengths[i], tools[i], None if refills is None else refills[i], float(reward[i])) for i in range(k)
-    ]
+    return DrawBlock(lengths, tools, refills, tuple(reward.tolist()))
+
+
+def draw_steps(job: Job, rng: np.random.Generator) -> list[StepDraws]:
+    """`draw_rows`, step by step."""
+    block = draw_rows(job, rng)
+    return [block.step(i) for i in range(len(block))]
 
 
 def first_step(job: Job, seed: int, job_index: int) -> StepDraws:
@@ -100,22 +136,40 @@ def plan_step(
 ) -> list[Phase]:
     """The phases of one step; `rollout_gpus` GPUs sample (as replicas of `tp`), `train_gpus`
     GPUs compute log-probs and train."""
+    return plan_steps(job, costs, DrawBlock.of([draws]), rollout_gpus, train_gpus, consolidate_tail)[0]
+
+
+def plan_steps(
+    job: Job,
+    costs: JobCosts,
+    draws: DrawBlock,
+    rollout_gpus: int,
+    train_gpus: int,
+    consolidate_tail: bool = False,
+) -> list[list[Phase]]:
+    """`plan_step` of each step of a block, with one pass of numpy calls per quantity for the
+    whole block (the same floats as step by step: tested). Lengths must be float64."""
     r = job.rollout
-    phases: list[Phase] = []
     shape = (costs, rollout_gpus // job.tp, job.tp, r.prompt_tokens if consolidate_tail else None)
-    phases += _rollout(draws.lengths, r.turns, draws.tool_waits, *shape)
-    tokens = float(draws.lengths.sum()) + r.responses * r.prompt_tokens
+    rollouts = _rollout(draws.lengths, r.turns, draws.tool_waits, *shape)
     if draws.refill is not None:
-        phases += _rollout(draws.refill, 1, draws.tool_waits[:0], *shape)
-    phases.append(Phase("reward", None, idle_s=job.reward_s * draws.reward_factor))
+        refills = _rollout(draws.refill, 1, draws.tool_waits, *shape)
+    else:
+        refills = [[] for _ in range(len(draws))]
+    tokens = (draws.lengths.sum(axis=1) + r.responses * r.prompt_tokens).tolist()
     collective = lambda fn, state, s: Phase(fn, state, (s,), shard_gpus=train_gpus)
-    forward_s = costs.forward_token_s * tokens / train_gpus
-    phases.append(collective("logprobs", TRAINER, forward_s))
-    if job.algorithm == "grpo":
-        phases.append(collective("ref_logprobs", REF, forward_s))
-    phases.append(collective("update", TRAINER, costs.update_token_s * tokens / train_gpus))
-    phases.append(collective("sync", TRAINER, costs.weight_sync_s))
-    return phases
+    steps = []
+    for reward, rollout, refill, step_tokens in zip(draws.reward_factor, rollouts, refills, tokens):
+        phases = rollout + refill
+        phases.append(Phase("reward", None, idle_s=job.reward_s * reward))
+        forward_s = costs.forward_token_s * step_tokens / train_gpus
+        phases.append(collective("logprobs", TRAINER, forward_s))
+        if job.algorithm == "grpo":
+            phases.append(collective("ref_logprobs", REF, forward_s))
+        phases.append(collective("update", TRAINER, costs.update_token_s * step_tokens / train_gpus))
+        phases.append(collective("sync", TRAINER, costs.weight_sync_s))
+        steps.append(phases)
+    return steps
 
 
 def _rollout(
@@ -126,30 +180,38 @@ def _rollout(
     replicas: int,
     tp: int,
     tail_prompt_tokens: int | None,
-) -> list[Phase]:
-    """`turns` sample phases; `tail_prompt_tokens` set means consolidate each turn's long tail
-    (its tail re-prefills that many prompt tokens per response on top of the decoded ones)."""
-    per_turn = lengths / turns
-    split = None
+) -> list[list[Phase]]:
+    """Per row of `lengths` (a step), `turns` sample phases separated by tool waits (a row of
+    `tool_waits` each); `tail_prompt_tokens` set means consolidate each turn's long tail (its
+    tail re-prefills that many prompt tokens per response on top of the decoded ones)."""
+    per_turn = lengths if turns == 1 else lengths / turns  # x / 1 is x: no copy
+    splits = [None] * len(lengths)
     if tail_prompt_tokens is not None:
-        split = consolidated_shards(costs, per_turn, replicas, tail_prompt_tokens)
-    if split is None:
-        turn_phases = [Phase("sample", SAMPLER, decode_shards(costs, per_turn, replicas), shard_gpus=tp)]
-    else:
-        turn_phases = [Phase("sample", SAMPLER, split[0], shard_gpus=tp),
-                       Phase("sample_tail", SAMPLER, split[1], shard_gpus=tp)]
-    phases = []
-    for turn in range(turns):
-        phases += turn_phases
-        if turn + 1 < turns:
-            phases.append(Phase("tools", None, idle_s=float(tool_waits[turn])))
-    return phases
+        splits = consolidated_rows(costs, per_turn, replicas, tail_prompt_tokens)
+    whole = None
+    if any(split is None for split in splits):
+        whole = decode_rows(costs, per_turn, replicas)
+    waits = tool_waits[:, : turns - 1].tolist()
+    steps = []
+    for i, split in enumerate(splits):
+        if split is None:
+            turn_phases = [Phase("sample", SAMPLER, tuple(whole[i].tolist()), shard_gpus=tp)]
+        else:
+            turn_phases = [Phase("sample", SAMPLER, split[0], shard_gpus=tp),
+                           Phase("sample_tail", SAMPLER, split[1], shard_gpus=tp)]
+        phases = list(turn_phases)
+        for wait in waits[i]:
+            phases.append(Phase("tools", None, idle_s=wait))
+            phases += turn_phases
+        steps.append(phases)
+    return steps
 
 
 class StepPlans:
     """Planned steps shared by the modes simulating one workload (one instance per workload
     and seed: the keys hold the job's index and name, not the whole spec). A job's draws are
-    made once and kept for every shape that plans its steps."""
+    made once and kept for every shape that plans its steps; steps are planned a draw block at
+    a time (`plan_steps`)."""
 
     def __init__(self) -> None:
         self._plans: dict[tuple, list[list[Phase]]] = {}
@@ -162,19 +224,29 @@ class StepPlans:
         steps = self._plans.get(key)
         if steps is None:
             steps = self._plans[key] = []
-        while len(steps) <= step:
-            draws = self.draws(job, seed, index, len(steps))
-            steps.append(plan_step(job, costs, draws, rollout_gpus, train_gpus, consolidate_tail))
+        while len(steps) <= step:  # plan the rest of the draw block at once (not past the last step)
+            first, size = len(steps), draw_block(job)
+            b, last = first // size, min((first // size + 1) * size, max(job.steps, first + 1))
+            block = self._job_draws(job, seed, index, b).blocks[b]
+            steps += plan_steps(job, costs, block.rows(first - b * size, last - b * size, np.float64),
+                                rollout_gpus, train_gpus, consolidate_tail)
         return steps[step]
 
     def draws(self, job: Job, seed: int, index: int, step: int) -> StepDraws:
         """What `job` draws for its step `step`: its own generator's blocks, in step order."""
+        size = draw_block(job)
+        block = self._job_draws(job, seed, index, step // size).blocks[step // size]
+        return block.rows(step % size, step % size + 1, np.float64).step(0)
+
+    def _job_draws(self, job: Job, seed: int, index: int, block: int) -> _JobDraws:
+        """The job's draws, drawn up to block `block` at least."""
         draws = self._draws.get((seed, index, job.name))
         if draws is None:
             draws = self._draws[(seed, index, job.name)] = _JobDraws(job_rng(seed, index), _length_type(job))
-        while len(draws.steps) <= step:
-            draws.steps += [draws.pack(d) for d in draw_steps(job, draws.rng)]
-        return draws.unpack(draws.steps[step])
+        while len(draws.blocks) <= block:
+            drawn = draw_rows(job, draws.rng)
+            draws.blocks.append(drawn.rows(0, len(drawn), draws.length_type))
+        return draws
 
 
 def _length_type(job: Job) -> type:
@@ -183,22 +255,13 @@ def _length_type(job: Job) -> type:
 
 @dataclass
 class _JobDraws:
-    """A job's draws so far. Response lengths are whole numbers in [1, max_tokens], so they are
-    kept as uint16 when that holds them (exactly: unpacked, they are the drawn floats), a
-    quarter of the memory for the blocks every shape reads again."""
+    """A job's draw blocks so far. Response lengths are whole numbers in [1, max_tokens], so
+    they are kept as uint16 when that holds them (exactly: as float64 again, they are the drawn
+    floats), a quarter of the memory for the blocks every shape reads again."""
 
     rng: np.random.Generator
     length_type: type
-    steps: list[StepDraws] = field(default_factory=list)
-
-    def pack(self, d: StepDraws) -> StepDraws:
-        refill = None if d.refill is None else d.refill.astype(self.length_type)
-        return StepDraws(d.lengths.astype(self.length_type), d.tool_waits, refill, d.reward_factor)
-
-    @staticmethod
-    def unpack(d: StepDraws) -> StepDraws:
-        refill = None if d.refill is None else d.refill.astype(np.float64)
-        return StepDraws(d.lengths.astype(np.float64), d.tool_waits, refill, d.reward_factor)
+    blocks: list[DrawBlock] = field(default_factory=list)
 
 
 def gpu_seconds(phases: list[Phase]) -> float:
