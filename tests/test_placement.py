@@ -222,6 +222,42 @@ def test_decisions_match_the_brute_force_reference(name, seed):
         placed.append((decision.devices, profile, now + got[1]))
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("name", [n for n in REFERENCE_CLUSTERS if "host room" not in n])  # that one never shares
+def test_a_group_ruled_out_of_scoring_zero_scores_above_zero_at_every_shift(name, seed):
+    """`_may_score_zero` prunes exactly: a group it rules out has a positive score at every
+    candidate shift, and so does every group `_lower_bounds` puts above 0."""
+    view, devices, replica = REFERENCE_CLUSTERS[name]
+    view = ResourceView(view.groups)
+    rng = np.random.default_rng(100 + seed)
+    placer = Placer(view, horizon_slots=24, slot_s=1.0)
+    now, checked = 0, 0
+    for i in range(48):  # enough jobs that groups fill up
+        period = int(rng.choice([4, 6, 8, 12]))
+        demand = tuple(rng.integers(devices // 2, devices + 1, period).astype(float))  # busy: groups fill
+        profile = replace(job(f"j{i}", demand, devices=devices, slack=np.inf), replica_devices=replica)
+        now += int(rng.integers(0, 3))
+        groups = [int(g) for g in view.feasible_groups(profile)]
+        if not groups:
+            continue
+        placer.horizon.advance(float(now))
+        shifts = placer._shift_slots(profile)
+        share = placer._shifted_demand(profile, float(now), shifts) / profile.devices
+        placer._units = view.units_per_node(profile)
+        may_zero = placer._may_score_zero(groups, share, profile)
+        bounds = placer._lower_bounds(groups, share, profile)
+        for g, maybe, bound in zip(groups, may_zero, bounds):
+            lo, hi = view.group_rows[g]
+            hot = placer.horizon.load[lo:hi] + share.max() > 1.0 + 1e-9
+            scores = placer._group_scores(g, placer._device_costs(lo, share, hot), profile)
+            if not maybe or bound > 0.0:
+                assert scores.min() > 0.0
+                checked += 1
+        placer._units = None
+        placer.place(profile, float(now))
+    assert checked > 0, "the cases must rule some group out"
+
+
 # -- the horizon ring ----------------------------------------------------------------------------
 
 

@@ -195,7 +195,9 @@ class Placer:
 
         Exact pruning: a group with enough devices free of hot cells scores 0 at every shift
         (`_all_cool`); once one is known, a group visited before it can only win by scoring 0.
-        A group whose lower bound (`_lower_bound`) cannot beat that is skipped unscored.
+        A group whose lower bound (`_lower_bounds`) cannot beat that is skipped unscored; with
+        a cool group ahead only a score of 0 could win, and the cheaper `_may_score_zero`
+        decides that.
         """
         self._units = self.view.units_per_node(profile)  # memory does not change during a search
         try:
@@ -214,7 +216,10 @@ class Placer:
         for lo_g in range(0, len(order), _BOUND_BLOCK):
             block = [int(g) for g in order[lo_g: lo_g + _BOUND_BLOCK]]
             cut = next((i for i, g in enumerate(block) if all_cool[g]), len(block))
-            bounds = self._lower_bounds(block[:cut], share, profile)
+            if zero_ahead:  # only a group that can score 0 may come before a cool one: a cheaper test
+                bounds = np.where(self._may_score_zero(block[:cut], share, profile), 0.0, np.inf)
+            else:
+                bounds = self._lower_bounds(block[:cut], share, profile)
             for g, bound in zip(block[:cut], bounds):
                 if (zero_ahead and bound > 0.0) or (best is not None and bound >= best.score):
                     continue
@@ -241,21 +246,27 @@ class Placer:
         units = np.minimum(cool, self._units) * profile.replica_devices
         return np.add.reduceat(units, self.view.group_first_node) >= profile.devices
 
+    def _may_score_zero(self, groups: list[int], share: np.ndarray, profile: JobProfile) -> np.ndarray:
+        """Per group: False where it scores above 0 at every shift (exact pruning), found on the
+        probe columns (`_probe_room`). A device overloaded on some cell by more than
+        1e-6 / slot_s costs at least 1e-6 device-seconds, which its rounding keeps; a group with
+        fewer than `devices` devices free of such a probe cell at a shift must use one there."""
+        if not groups:
+            return np.zeros(0, dtype=bool)
+        spans, room, cols = self._probe_room(groups, share)
+        free = ~(share[:, None, cols] > (room + 1e-6 / self.horizon.slot_s)[None]).any(axis=2)  # (shifts, rows)
+        starts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
+        return (np.add.reduceat(free, starts, axis=1) >= profile.devices).any(axis=0)
+
     def _lower_bounds(self, groups: list[int], share: np.ndarray, profile: JobProfile) -> np.ndarray:
         """A lower bound of each group's best score over all shifts: each device's overload on
-        up to `_PROBES` of the groups' hot columns, spread evenly over the horizon, then the
-        job's cheapest devices per group, ignoring nodes. Spread samples refute a zero score
+        the probe columns (`_probe_room`), then the job's cheapest devices per group, ignoring
+        nodes. Spread samples refute a zero score
         about as well as every cell does when periods differ; either way the bound prunes
         exactly. One vector pass for all `groups`."""
         if not groups:
             return np.zeros(0)
-        spans = [self.view.group_rows[g] for g in groups]
-        rows = np.concatenate([np.arange(a, b) for a, b in spans])
-        load = self.horizon.load[rows]
-        hot = load + share.max() > 1.0 + _TINY
-        cols = np.flatnonzero(hot.any(axis=0))
-        cols = cols[:: max(1, len(cols) // _PROBES)]
-        room = np.where(hot[:, cols], 1.0 - load[:, cols], np.inf)
+        spans, room, cols = self._probe_room(groups, share)
         over = share[:, None, cols] - room[None]  # (shifts, rows, probes)
         per_row = np.maximum(over, 0.0, out=over).sum(axis=2) * self.horizon.slot_s
         # per group, the job's `devices` cheapest rows at each shift (groups padded with +inf)
@@ -267,6 +278,18 @@ class Placer:
         cheapest = np.partition(padded, need - 1, axis=2)[:, :, :need].sum(axis=2).min(axis=0)
         # rounded like the scores; a micro device-second less leaves room for their rounding
         return np.round(cheapest - 1e-6, 6)
+
+    def _probe_room(self, groups: list[int], share: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+        """(each group's row span, room[r, p], the probe columns): up to `_PROBES` of the
+        groups' hot columns, spread evenly over the horizon, and each row's room on them
+        (1 - load on a hot cell; +inf where the job cannot overload it)."""
+        spans = [self.view.group_rows[g] for g in groups]
+        rows = np.concatenate([np.arange(a, b) for a, b in spans])
+        load = self.horizon.load[rows]
+        hot = load + share.max() > 1.0 + _TINY
+        cols = np.flatnonzero(hot.any(axis=0))
+        cols = cols[:: max(1, len(cols) // _PROBES)]
+        return spans, np.where(hot[:, cols], 1.0 - load[:, cols], np.inf), cols
 
     def _device_costs(self, first_row: int, share: np.ndarray, hot: np.ndarray) -> np.ndarray:
         """cost[d, k]: overload device-seconds on row first_row + d with the job's share shifted
