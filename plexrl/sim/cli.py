@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from plexrl.errors import ConfigError
@@ -60,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         cluster = load_cluster(args.cluster or workload.cluster)
         modes = tuple(m for m in args.modes.split(",") if m)
         runs = len(set(modes) | {"colocated"}) * args.seeds
-        columns = (SpinnerColumn(), TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+        columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("modes"), TimeElapsedColumn(), TextColumn("{task.description}"))
-        with Progress(*columns, console=err, transient=True) as progress:
+        # refreshed by hand, when a mode ends: no refresh thread is running when the modes' processes fork
+        with Progress(*columns, console=err, transient=True, auto_refresh=False) as progress:
             task = progress.add_task("", total=runs)
+            progress.refresh()
             seeds = over_seeds(workload, cluster, args.seeds, modes, processes=args.processes,
-                               on_mode=lambda m: progress.update(task, advance=1, description=f"{m} done"))
+                               on_mode=lambda m: progress.update(task, advance=1, description=f"{m} done", refresh=True))
         out = seeds["runs"][0]
     except (ConfigError, ValueError) as exc:
         err.print(f"[red]plexrl sim:[/red] {exc}")
