@@ -172,7 +172,7 @@ class Service:
                 else:  # nothing to compete with: every policy starts it now
                     if mark_used(gang, sid, now):  # most calls: `_hold` without a switch, inlined (the same floats)
                         end = now + exec_s
-                        occupy_gang(ledger, name, gang, exec_s, 0.0, now + est_s, exec_s)
+                        occupy_gang(ledger, name, gang, exec_s, 0.0, now + est_s)
                         group.idle -= len(gang)
                         busy_extend((now, end, len(gang)))
                     else:
@@ -201,10 +201,10 @@ class Service:
         now = self.loop.now
         resident = mark_used(gang, sid, now)
         switch_s = 0.0 if resident else self._switch_in(gang, job.name, sid, now)  # resident everywhere: most calls
-        expected_end, held_s = now + switch_s + est_s, switch_s + exec_s
-        occupy_gang(self.ledger, job.name, gang, exec_s, now - arrival, expected_end, held_s)
+        expected_end = now + switch_s + est_s
+        occupy_gang(self.ledger, job.name, gang, exec_s, now - arrival, expected_end)
         gang[0].group.idle -= len(gang)
-        end = now + switch_s + exec_s  # not now + held_s: the float sums stay as pinned
+        end = now + switch_s + exec_s
         self.busy.extend((now, end, len(gang)))
         return end
 
@@ -284,9 +284,8 @@ class Service:
 
 
 def occupy_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: float, wait_s: float,
-                expected_end: float, held_s: float) -> None:
-    """Hold every GPU of the gang (busy, expected to end at `expected_end`, `held_s` more busy
-    seconds) and charge the job: `Ledger.charge_exec` on every GPU, then `Ledger.record_wait`,
+                expected_end: float) -> None:
+    """Hold every GPU of the gang (busy, expected to end at `expected_end`) and charge the job: `Ledger.charge_exec` on every GPU, then `Ledger.record_wait`,
     inlined for the hot path: the same additions in the same order, so the figures are
     bit-identical (tested against the Ledger's own methods)."""
     usage, device_busy = ledger.jobs[job], ledger.device_busy_s
@@ -297,7 +296,6 @@ def occupy_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: f
         device_busy[w.wid] += exec_s
         w.busy = True
         w.expected_end = expected_end
-        w.busy_s += held_s
     usage.exec_s, usage.exec_wall_s = total, wall
     usage.queue_wait_s += wait_s
     usage.requests += 1

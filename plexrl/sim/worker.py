@@ -67,7 +67,6 @@ class SimWorker:
     disk_bytes_per_s: float  # this GPU's share of its node's disk
     states: dict[str, Resident] = field(default_factory=dict)
     busy: bool = False
-    busy_s: float = 0.0
     expected_end: float = 0.0  # when the running call is expected to end (estimates, for backfill)
     used: int = 0  # DEVICE-resident bytes
     group: object = None  # the `Group` whose scheduler dispatches onto this GPU
