@@ -35,9 +35,7 @@ class EventLoop:
 
     def at_reserved(self, time: float, seq: int, handler: Callable[[Any], None], arg: Any = None) -> None:
         """Schedule an event under a sequence number taken earlier with `reserve`."""
-        if time < self.now:
-            raise ValueError(f"cannot schedule an event at t={time} before now={self.now}")
-        heapq.heappush(self._heap, (time, seq, handler, arg))
+        self.at_all_reserved([(time, seq, handler, arg)])
 
     def at_all_reserved(self, entries: list[tuple[float, int, Callable[[Any], None], Any]]) -> None:
         """`at_reserved` for each (time, sequence number, handler, argument) of `entries`."""

@@ -159,9 +159,16 @@ def decode_rows(costs: JobCosts, lengths: np.ndarray, replicas: int) -> np.ndarr
 def tail_cut(lengths: np.ndarray, capacity: int) -> float | None:
     """The decode step `K` after which at most `capacity` responses are still running (those
     longer than K), or None when all of them fit the tail already (nothing to consolidate)."""
-    if len(lengths) <= capacity:
+    cuts = tail_cuts(lengths[None, :], capacity)
+    return None if cuts is None else float(cuts[0])
+
+
+def tail_cuts(lengths: np.ndarray, capacity: int) -> np.ndarray | None:
+    """`tail_cut` of each row of `lengths` (rows all the same size)."""
+    size = lengths.shape[1]
+    if size <= capacity:
         return None
-    return float(np.partition(lengths, len(lengths) - capacity - 1)[len(lengths) - capacity - 1])
+    return np.partition(lengths, size - capacity - 1, axis=1)[:, size - capacity - 1]
 
 
 Split = tuple[tuple[float, ...], tuple[float, ...]]
@@ -181,11 +188,10 @@ def consolidated_rows(
 ) -> list[Split | None]:
     """`consolidated_shards` of each row of `lengths` (a block of steps), the same floats."""
     tail_replicas = tail_replicas or TAIL_REPLICAS
-    rows, size = lengths.shape
-    capacity = costs.tail_batch * tail_replicas
-    if replicas <= tail_replicas or size <= capacity:
+    rows = len(lengths)
+    cuts = tail_cuts(lengths, costs.tail_batch * tail_replicas) if replicas > tail_replicas else None
+    if cuts is None:
         return [None] * rows
-    cuts = np.partition(lengths, size - capacity - 1, axis=1)[:, size - capacity - 1]
     main = decode_rows(costs, np.minimum(lengths, cuts[:, None]), replicas)
     above = lengths > cuts[:, None]
     survivors = above.sum(axis=1)
