@@ -17,7 +17,7 @@ import pytest
 
 import plexrl
 from plexrl import errors
-from plexrl.engines.ray_shm import shm_root
+from plexrl.engines.ray_shm import node_folder
 from tests.helpers import datum
 
 ray = pytest.importorskip("ray")
@@ -170,4 +170,4 @@ def test_node_loss_restores_the_job_from_its_checkpoint(two_nodes, micro_model, 
         assert kinds == ["node_lost", "job_restored"]
     # The simulated node shares this machine's /dev/shm: remove what its dead runtime left there
     # (a real lost node takes its shared memory with it).
-    shutil.rmtree(shm_root() / f"{cluster.name}-node{lost}", ignore_errors=True)
+    shutil.rmtree(node_folder(cluster.name, lost), ignore_errors=True)

@@ -14,7 +14,6 @@ measured in one run.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -26,7 +25,7 @@ import ray
 import plexrl
 from plexrl import errors
 from plexrl.bench import dispatch
-from plexrl.engines.ray_shm import shm_root
+from plexrl.engines.ray_shm import node_folder
 
 
 class _Echo:
@@ -132,7 +131,7 @@ def node_loss_s(model_dir: str) -> float:
             trainer.forward_backward([datum])
             trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
             seconds = time.perf_counter() - removed
-        shutil.rmtree(shm_root() / f"{cluster.name}-node{lost}", ignore_errors=True)  # the dead node's (same machine)
+        shutil.rmtree(node_folder(cluster.name, lost), ignore_errors=True)  # the dead node's (same machine)
         return seconds
     finally:
         ray.shutdown()

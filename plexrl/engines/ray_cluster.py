@@ -39,7 +39,7 @@ from plexrl.engines import hosting, ray_functions, ray_setup
 from plexrl.engines.ray_control import CONTROL_THREADS, Control
 from plexrl.engines.ray_node import RayNode
 from plexrl.engines.ray_recovery import NodeRecovery
-from plexrl.engines.ray_shm import WRITEBACK_FLAGS, shm_root
+from plexrl.engines.ray_shm import WRITEBACK_FLAGS, node_folder
 from plexrl.engines.ray_worker import DeviceWorker
 from plexrl.policy import JobProfile, ModelMemory
 from plexrl.runtime.events import write_jsonl
@@ -65,6 +65,11 @@ class StateHandle:
     trainable: bool
     device_bytes: int
     host_bytes: int
+
+    @property
+    def is_snapshot(self) -> bool:
+        """A sampler snapshot a weight sync made (`trainer@sync`), not a model of its own."""
+        return "@" in self.name
 
 
 class RayCluster(NodeRecovery):
@@ -114,21 +119,21 @@ class RayCluster(NodeRecovery):
         node_actors = []
         for group, node_id in enumerate(node_ids):
             ids = list(range(group * devices_per_node, (group + 1) * devices_per_node))
-            shm = shm_root() / f"{self.name}-node{group}"
-            mine = {d: self._host_worker(node_id, f"{self.name}-worker{d}", (
+            shm = node_folder(self.name, group)
+            mine = {d: self._host_worker(node_id, _worker_name(self.name, d), (
                 d, device_memory_bytes, threads_per_device, torch_device, str(shm / WRITEBACK_FLAGS))) for d in ids}
             workers.update(mine)
-            node_actors.append(self._host_node(node_id, f"{self.name}-node{group}", (
+            node_actors.append(self._host_node(node_id, _node_name(self.name, group), (
                 group, ids, mine, device_memory_bytes, host_memory_bytes, self.policy.value, str(workdir),
                 str(shm), epoch)))
         hosting.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in node_actors])
-        description = {"name": self.name, "engine": self.engine, "node_ids": node_ids, "devices": nodes * devices_per_node,
-                       "devices_per_node": devices_per_node, "policy": self.policy.value, "workdir": str(workdir),
+        description = {"node_ids": node_ids, "devices": nodes * devices_per_node,
+                       "policy": self.policy.value, "workdir": str(workdir),
                        "checkpoint_dir": str(checkpoint_dir or workdir / "checkpoints"),
                        "checkpoint_every_steps": checkpoint_every_steps, "slot_s": slot_s}
         topology = dict(pods=1, groups_per_pod=nodes, nodes_per_group=1, devices_per_node=devices_per_node,
                         device_bytes=device_memory_bytes, host_bytes=host_memory_bytes)
-        control = self._host_control(f"{self.name}-control", (description, topology, horizon_slots, slot_s,
+        control = self._host_control(_control_name(self.name), (description, topology, horizon_slots, slot_s,
                                                                placement == "first-fit", profile_steps, epoch))
         self._join(description, control, node_actors, workers)
         self._owned_actors = [control, *node_actors, *workers.values()]
@@ -139,7 +144,7 @@ class RayCluster(NodeRecovery):
         """A front on the running cluster `name` (its actors are found by name in this Ray job's
         namespace): the same API, for a controller in another process."""
         try:
-            control = ray.get_actor(f"{name}-control")
+            control = ray.get_actor(_control_name(name))
         except ValueError:
             raise errors.ConfigError(f"no PlexRL cluster named {name!r} in this Ray namespace") from None
         description = ray.get(control.describe.remote())
@@ -147,8 +152,8 @@ class RayCluster(NodeRecovery):
         front.policy = _checked_policy(description["policy"])
         front._owns_ray, front._owned_actors, front._tmp = False, [], None
         front.name = name
-        nodes = [ray.get_actor(f"{name}-node{g}") for g in range(len(description["node_ids"]))]
-        workers = {d: ray.get_actor(f"{name}-worker{d}") for d in range(description["devices"])}
+        nodes = [ray.get_actor(_node_name(name, g)) for g in range(len(description["node_ids"]))]
+        workers = {d: ray.get_actor(_worker_name(name, d)) for d in range(description["devices"])}
         front._join(description, control, nodes, workers)
         return front
 
@@ -230,8 +235,8 @@ class RayCluster(NodeRecovery):
         return self._bind(StateHandle(made["state_id"], job, name, source, trainable, made["device_bytes"],
                                       made["host_bytes"]), group)
 
-    def _bind(self, handle: StateHandle, group: int) -> StateHandle:
-        self._ask("bind", handle, group)
+    def _bind(self, handle: StateHandle, group: int, sampler: tuple[str, str] | None = None) -> StateHandle:
+        self._ask("bind", handle, group, sampler)
         with self._lock:
             self._handles[handle.state_id] = handle
             self._routes[handle.state_id] = group
@@ -302,8 +307,7 @@ class RayCluster(NodeRecovery):
         """The front's side of a weight sync: route the snapshot the node made (or updated)."""
         weights_bytes = trainer.device_bytes // 4  # a snapshot holds weights only
         snapshot = self._bind(StateHandle(synced["state_id"], trainer.job, synced["name"], trainer.source, False,
-                                          weights_bytes, weights_bytes), group)
-        self._ask("set_sampler", trainer.state_id, synced["sync"], snapshot.state_id)
+                                          weights_bytes, weights_bytes), group, (trainer.state_id, synced["sync"]))
         with self._lock:
             self._samplers[(trainer.state_id, synced["sync"])] = snapshot.state_id
         return snapshot
@@ -337,16 +341,16 @@ class RayCluster(NodeRecovery):
     def report_step(self, job: str, step: int, **fields) -> None:
         """A job's step boundary: logged, a checkpoint every `checkpoint_every_steps` steps
         (ray_recovery.py), and the placer's look at its measured profile (`_replace`)."""
-        self._ask("step", job, step, fields)
+        profile_due = self._ask("step", job, step, fields)
         self._step_mark(job, step)
-        self._replace(job)
+        self._replace(job, profile_due)
 
-    def _replace(self, job: str) -> None:
+    def _replace(self, job: str, profile_due: bool) -> None:
         """Re-placement from the job's measured profile (every `profile_steps` steps, as on the
         local engines): when the placer moves it, the job migrates here, between its steps."""
         models = [ModelMemory(h.name, h.device_bytes, h.host_bytes)
-                  for h in list(self._handles.values()) if h.job == job and "@" not in h.name]
-        events = self.events(job) if self._ask("profile_due", job) else None
+                  for h in list(self._handles.values()) if h.job == job and not h.is_snapshot]
+        events = self.events(job) if profile_due else None
         decided = self._ask("on_step", job, models, events)
         if decided is None:
             return
@@ -361,7 +365,7 @@ class RayCluster(NodeRecovery):
         source = self._ask("placement", job)
         if source is None or source == group:
             return
-        models = [h for h in list(self._handles.values()) if h.job == job and "@" not in h.name]
+        models = [h for h in list(self._handles.values()) if h.job == job and not h.is_snapshot]
         saves = [self.submit(h, "save_state", {"path": str(self.checkpoint_path(h, "migration")), "with_optimizer": True})
                  for h in models if h.trainable]
         for save in saves:
@@ -381,17 +385,14 @@ class RayCluster(NodeRecovery):
                 self._routes.pop(state_id, None)
 
     # -- observability ---------------------------------------------------------------------------
-    @property
-    def _lost(self) -> dict[int, str]:
-        return self._ask("lost_groups")
-
-    def live_nodes(self) -> list:
-        lost = self._lost
+    def live_nodes(self, lost: dict[int, str] | None = None) -> list:
+        """The nodes not lost (`lost`: the control plane's lost groups, asked for when not given)."""
+        lost = self._ask("lost_groups") if lost is None else lost
         return [node for group, node in enumerate(self.nodes) if group not in lost]
 
     def node_states(self) -> list[list[str]]:
         """The state ids each node's StateManager holds (affinity checks)."""
-        lost = self._lost
+        lost = self._ask("lost_groups")
         return [[] if g in lost else hosting.get(n.state_ids.remote()) for g, n in enumerate(self.nodes)]
 
     def events(self, job: str | None = None) -> list[dict]:
@@ -406,16 +407,17 @@ class RayCluster(NodeRecovery):
         return write_jsonl(self.events(), path)
 
     def metrics(self) -> dict:
-        out = merge_summaries(hosting.get([n.summary.remote() for n in self.live_nodes()]))
-        out["recovery"] = _add_counts([out["recovery"], self._ask("recovery_counts")])
-        placements = self._ask("placements")
+        control = self._ask("summary")
+        out = merge_summaries(hosting.get([n.summary.remote() for n in self.live_nodes(control["lost"])]))
+        out["recovery"] = _add_counts([out["recovery"], control["recovery"]])
+        placements = control["placements"]
         for job, usage in out["jobs"].items():
             placed = placements.get(job, {})
             usage["placement"] = {**placed, "node": placed.get("group")}
             usage["phase_shift_s"] = placed.get("phase_shift_s")
             usage["queueing_delay_s"] = placed.get("queueing_delay_s", 0.0)
         out.update(policy=self.policy.value, devices=self.devices, nodes=len(self.nodes), engine=self.engine,
-                   uptime_s=self._ask("now"), placement=placements, migrations=self._ask("migration_count"))
+                   uptime_s=control["now"], placement=placements, migrations=control["migrations"])
         return out
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -443,6 +445,18 @@ class RayCluster(NodeRecovery):
 
 
 SUMMED = ("switches", "device_busy_s", "transition_bytes", "transition_s")
+
+
+def _control_name(cluster: str) -> str:
+    return f"{cluster}-control"
+
+
+def _node_name(cluster: str, group: int) -> str:
+    return f"{cluster}-node{group}"
+
+
+def _worker_name(cluster: str, device: int) -> str:
+    return f"{cluster}-worker{device}"
 
 
 def merge_summaries(parts: list[dict]) -> dict:

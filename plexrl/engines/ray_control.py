@@ -19,7 +19,7 @@ import threading
 from plexrl.engines.ray_recovery import Checkpoint
 from plexrl.policy import JobProfile, ResourceView
 from plexrl.runtime.events import EventLog, job_events
-from plexrl.runtime.job_placer import JobPlacer
+from plexrl.runtime.job_placer import JobPlacer, admit_and_route, route_migration
 from plexrl.runtime.router import Router
 from plexrl.runtime.telemetry import Telemetry
 
@@ -31,7 +31,7 @@ class Control:
                  profile_steps: int, epoch: float):
         """`topology`: ResourceView.uniform's arguments (the view is built here: arrays that crossed
         Ray arrive read-only, and the placer updates its view)."""
-        self.description = description  # what an attaching front needs: actor names, sizes, engine
+        self.description = description  # what an attaching front needs: nodes, devices, policy, paths
         self.telemetry = Telemetry(EventLog(), epoch=epoch)
         self.placer = JobPlacer(ResourceView.uniform(**topology), horizon_slots, slot_s, first_fit, profile_steps)
         self.router = Router([])
@@ -61,15 +61,10 @@ class Control:
     # -- placement -------------------------------------------------------------------------------------
     def admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> tuple[int, float]:
         """Place a job (waiting up to `timeout` s for room): its group and phase shift."""
-        decided = self.telemetry.now()
-        placement = self.placer.admit(profile, slack, provisional, self.telemetry.now, timeout)
-        group = self.placer.group_index(placement)
-        self.router.assign(profile.job, group)
+        group, placement, decided = admit_and_route(self.placer, self.router, self.telemetry, profile, slack,
+                                                    provisional, timeout)
         with self._lock:
             self.started.setdefault(profile.job, decided)
-        self.telemetry.events.emit(self.telemetry.now(), "placement", job=profile.job, group=group,
-                                   phase_shift_s=placement.phase_shift_s, score=placement.score,
-                                   provisional=provisional, waited_s=self.telemetry.now() - decided)
         return group, placement.phase_shift_s
 
     def placement(self, job: str) -> int | None:
@@ -77,24 +72,15 @@ class Control:
 
     def finish(self, job: str) -> list[str]:
         """The job is done: its routes go and its place is freed. Returns its state ids."""
-        with self._lock:
-            mine = [sid for sid, h in self.handles.items() if h.job == job]
-            for sid in mine:
-                del self.handles[sid]
+        mine = [h.state_id for h in self._handles_of(job)]
         for sid in mine:
-            self.router.unbind(sid)
+            self.unbind(sid)
         self.router.forget(job)
         self.placer.finish(job, self.telemetry.now())
         return mine
 
-    def placements(self) -> dict:
-        return self.placer.summary()
-
-    def profile_due(self, job: str) -> bool:
-        return self.placer.profile_due(job)
-
     def on_step(self, job: str, models: list, events: list[dict] | None) -> tuple[int, float] | None:
-        """The placer's look at a job's step boundary (`events`: the job's, when `profile_due`):
+        """The placer's look at a job's step boundary (`events`: the job's, when `step` said its profile is due):
         its new (group, phase shift) when it must move or shift, else None."""
         decision = self.placer.on_step(job, lambda: events, models, self.telemetry.now())
         if decision is None:
@@ -102,24 +88,23 @@ class Control:
         return self.placer.group_index(decision), decision.phase_shift_s
 
     def migrated(self, job: str, source: int, target: int, states: list[str]) -> None:
-        self.router.assign(job, target)
+        route_migration(self.router, self.telemetry, job, source, target, states)
         self.migrations += 1
-        self.telemetry.events.emit(self.telemetry.now(), "migration", job=job, source=source, target=target,
-                                   states=states)
 
     # -- routes ----------------------------------------------------------------------------------------
-    def bind(self, handle, group: int) -> None:
+    def bind(self, handle, group: int, sampler: tuple[str, str] | None = None) -> None:
+        """Route a model to `group`; `sampler` = (trainer id, sync name) when it is that trainer's
+        latest snapshot under that name."""
         with self._lock:
             self.handles[handle.state_id] = handle
         self.router.bind(handle.state_id, group)
+        if sampler is not None:
+            self.router.set_sampler(*sampler, handle.state_id)
 
     def unbind(self, state_id: str) -> None:
         with self._lock:
             self.handles.pop(state_id, None)
         self.router.unbind(state_id)
-
-    def set_sampler(self, trainer_id: str, name: str, state_id: str) -> None:
-        self.router.set_sampler(trainer_id, name, state_id)
 
     def tables(self) -> dict:
         """Every route, handle and sampler: a front's cache is refreshed from this."""
@@ -134,10 +119,20 @@ class Control:
         """A save_state completed: the model's latest checkpoint, at the job's last step mark."""
         self.checkpoints[state_id] = Checkpoint(path, with_optimizer, self.telemetry.now(), self.steps.get(job))
 
-    def step(self, job: str, step: int, fields: dict) -> None:
-        """A job's step mark (profiles are measured from these events)."""
+    def step(self, job: str, step: int, fields: dict) -> bool:
+        """A job's step mark (profiles are measured from these events); whether the placer wants
+        the job's events at this boundary (its profile is due)."""
         self.steps[job] = step
         self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
+        return self.placer.profile_due(job)
+
+    def checkpoints_of(self, job: str) -> dict[str, Checkpoint | None]:
+        """The latest checkpoint of each of `job`'s models, by state id."""
+        return {h.state_id: self.checkpoints.get(h.state_id) for h in self._handles_of(job)}
+
+    def _handles_of(self, job: str) -> list:
+        with self._lock:
+            return [h for h in self.handles.values() if h.job == job]
 
     def begin_recovery(self, group: int) -> list[str] | None:
         """The first front to report `group` lost gets its jobs (and retires the group); later ones None."""
@@ -161,8 +156,7 @@ class Control:
 
     def restore_inputs(self, job: str) -> dict:
         """What restoring `job` needs: its handles, their sampler names and checkpoints, its start."""
-        with self._lock:
-            handles = [h for h in self.handles.values() if h.job == job]
+        handles = self._handles_of(job)
         return {"handles": handles, "synced": {h.state_id: self.router.synced_names(h.state_id) for h in handles},
                 "checkpoints": {h.state_id: self.checkpoints.get(h.state_id) for h in handles},
                 "started": self.started.get(job, 0.0)}
@@ -176,11 +170,11 @@ class Control:
     def recovery_point(self, job: str) -> dict | None:
         return self.recovery_points.get(job)
 
-    def recovery_counts(self) -> dict:
-        return dict(self.recovery)
-
-    def migration_count(self) -> int:
-        return self.migrations
+    def summary(self) -> dict:
+        """What a front's metrics() adds to its nodes': lost groups, recovery counts, placements,
+        the clock and the migrations, in one call."""
+        return {"lost": dict(self._lost), "recovery": dict(self.recovery), "placements": self.placer.summary(),
+                "now": self.telemetry.now(), "migrations": self.migrations}
 
     def events(self, job: str | None = None) -> list[dict]:
         return job_events(self.telemetry.events.snapshot(), job)

@@ -63,7 +63,7 @@ class NodeRecovery:
         if not every or (step + 1) % every:
             return
         trainers = [h for h in list(self._handles.values()) if h.job == job and h.trainable]
-        before = self._ask("restore_inputs", job)["checkpoints"]
+        before = self._ask("checkpoints_of", job)
         saves = [self.submit(h, "save_state", {"path": str(self.checkpoint_path(h, f"{AUTO_PREFIX}{step}")),
                                                  "with_optimizer": True}) for h in trainers]
         for save in saves:
@@ -111,13 +111,13 @@ class NodeRecovery:
         self._refresh()
 
     def _await_recoveries(self) -> None:
-        while any(status == "running" for status in self._ask("lost_groups").values()):
+        while "running" in (lost := self._ask("lost_groups")).values():
             time.sleep(RECOVERY_POLL_S)
-        self._lost_seen.update(self._ask("lost_groups"))
+        self._lost_seen.update(lost)
 
     def _restore_job(self, job: str, lost_at: float) -> None:
         inputs = self._ask("restore_inputs", job)
-        models = [h for h in inputs["handles"] if "@" not in h.name]
+        models = [h for h in inputs["handles"] if not h.is_snapshot]
         memory = [ModelMemory(h.name, h.device_bytes, h.host_bytes) for h in models]
         group = self._admit(provisional_profile(job, memory, self.slot_s), 0.10, True, None)
         restored = self._reinstate(job, group, inputs)
@@ -135,7 +135,7 @@ class NodeRecovery:
         """Add `job`'s models on `group`, keeping their ids (its clients work unchanged): trainable
         ones loaded from their latest checkpoint, the others from their base model; then sync every
         sampler name again (snapshots are not moved). Returns the checkpoints used, by model name."""
-        models = [h for h in inputs["handles"] if "@" not in h.name]
+        models = [h for h in inputs["handles"] if not h.is_snapshot]
         for h in inputs["handles"]:
             if h not in models:
                 self._ask("unbind", h.state_id)

@@ -20,6 +20,7 @@ import os
 import tempfile
 import weakref
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -30,6 +31,11 @@ WRITEBACK_FLAGS = "writeback.flags"
 def shm_root() -> Path:
     """/dev/shm when the OS has it (RAM-backed), else the temp folder."""
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+def node_folder(cluster: str, group: int) -> Path:
+    """Where node group `group` of cluster `cluster` keeps its shared host buffers."""
+    return shm_root() / f"{cluster}-node{group}"
 
 
 def map_buffer(path: str | Path, nbytes: int) -> torch.Tensor:
@@ -53,21 +59,19 @@ class SharedHostBuffers:
         self._cleanup = weakref.finalize(self, _unlink_all, self._paths, self.folder)
 
     def allocate(self, nbytes: int) -> torch.Tensor:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"host-{next(self._ids)}.f32"
-        with open(path, "wb") as f:
-            os.ftruncate(f.fileno(), nbytes)
-        tensor = map_buffer(path, nbytes)
-        self._paths[tensor.data_ptr()] = path
-        return tensor
+        return self._new(f"host-{next(self._ids)}.f32", nbytes, map_buffer)
 
     def flags(self, count: int) -> torch.Tensor:
         """The node's write-back flags: `count` bytes, one per device index, all clear."""
+        return self._new(WRITEBACK_FLAGS, count, map_flags)
+
+    def _new(self, name: str, nbytes: int, mapping: Callable[[Path, int], torch.Tensor]) -> torch.Tensor:
+        """A zeroed file of `nbytes` in the folder, mapped by `mapping`, remembered for release."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / WRITEBACK_FLAGS
+        path = self.folder / name
         with open(path, "wb") as f:
-            os.ftruncate(f.fileno(), count)
-        tensor = map_flags(path, count)
+            os.ftruncate(f.fileno(), nbytes)
+        tensor = mapping(path, nbytes)
         self._paths[tensor.data_ptr()] = path
         return tensor
 

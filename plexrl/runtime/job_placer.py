@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -33,6 +33,10 @@ from plexrl.policy import (
     drifted,
     profile_from_events,
 )
+
+if TYPE_CHECKING:
+    from plexrl.runtime.router import Router
+    from plexrl.runtime.telemetry import Telemetry
 
 PROVISIONAL_PERIOD_S = 1.0
 
@@ -187,6 +191,27 @@ class JobPlacer:
                     "replacements": r.replacements,
                 }
             return out
+
+
+def admit_and_route(placer: JobPlacer, router: Router, telemetry: Telemetry, profile: JobProfile, slack: float,
+                    provisional: bool, timeout: float | None) -> tuple[int, Placement, float]:
+    """Admit a job (waiting up to `timeout` s for room), route it to its group and log the
+    placement: (group, placement, when admission began). Shared by every engine's control."""
+    decided = telemetry.now()
+    placement = placer.admit(profile, slack, provisional, telemetry.now, timeout)
+    group = placer.group_index(placement)
+    router.assign(profile.job, group)
+    telemetry.events.emit(telemetry.now(), "placement", job=profile.job, group=group,
+                          phase_shift_s=placement.phase_shift_s, score=placement.score,
+                          provisional=provisional, waited_s=telemetry.now() - decided)
+    return group, placement, decided
+
+
+def route_migration(router: Router, telemetry: Telemetry, job: str, source: int, target: int,
+                    states: list[str]) -> None:
+    """A job's states moved from group `source` to `target`: route it there and log it."""
+    router.assign(job, target)
+    telemetry.events.emit(telemetry.now(), "migration", job=job, source=source, target=target, states=states)
 
 
 def provisional_profile(job: str, models: list[ModelMemory], slot_s: float) -> JobProfile:

@@ -30,7 +30,7 @@ from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.events import EventLog
 from plexrl.runtime import checkpoint, functions
 from plexrl.runtime.futures import APIFuture
-from plexrl.runtime.job_placer import JobPlacer, provisional_profile
+from plexrl.runtime.job_placer import JobPlacer, admit_and_route, provisional_profile, route_migration
 from plexrl.runtime.router import Router
 from plexrl.runtime.scheduler import GroupScheduler, Request
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
@@ -128,13 +128,8 @@ class LocalCluster:
         return ServiceClient(self, job, slack, admission_timeout)
 
     def _admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> int:
-        decided = self.telemetry.now()
-        placement = self.placer.admit(profile, slack, provisional, self.telemetry.now, timeout)
-        group = self.placer.group_index(placement)
-        self.router.assign(profile.job, group)
-        self.telemetry.events.emit(self.telemetry.now(), "placement", job=profile.job, group=group,
-                                   phase_shift_s=placement.phase_shift_s, score=placement.score,
-                                   provisional=provisional, waited_s=self.telemetry.now() - decided)
+        group, placement, decided = admit_and_route(self.placer, self.router, self.telemetry, profile, slack,
+                                                    provisional, timeout)
         _sleep_until(self.telemetry, decided + placement.phase_shift_s)  # the job starts shifted
         return group
 
@@ -280,9 +275,8 @@ class LocalCluster:
         for sid in moved:
             target.adopt(source.evict(sid, job))
             self.router.bind(sid, group)
-        self.router.assign(job, group)
+        route_migration(self.router, self.telemetry, job, old, group, moved)
         self.migrations += 1
-        self.telemetry.events.emit(self.telemetry.now(), "migration", job=job, source=old, target=group, states=moved)
 
     def finish_job(self, job: str) -> None:
         """The job is done: its states are freed and waiting jobs may be admitted."""

@@ -22,7 +22,7 @@ from plexrl.errors import ConfigError
 from plexrl.policy import Policy
 from plexrl.sim.calibrate import calibrate
 from plexrl.sim.report import plot
-from plexrl.sim.simulate import MODES, over_seeds, simulate
+from plexrl.sim.simulate import MODES, over_seeds
 from plexrl.sim.trace import load_trace
 from plexrl.sim.workload import load_cluster, load_workload
 

@@ -1,7 +1,7 @@
 """A runtime event log read as a replayable trace: what each job asked for, and when.
 
 The real runtime's log (`LocalCluster.write_events`) records each call's `arrival`, `start` and
-`end` (with `wall_s`, how long it held its device, and `device_s`, what it was charged),
+`end` (with `wall_s`, the function's own run, and `device_s`, what it was charged),
 transitions, state sizes and the controllers' `step` marks. Calibration replays it through the
 simulator's mechanism, so the trace keeps only what a controller *caused*:
 
