@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from plexrl import errors
 from plexrl.backends import execution, losses
-from plexrl.runtime.futures import APIFuture
+from plexrl.api.futures import APIFuture
 from plexrl.runtime.state import ModelState
 from plexrl.types import (
     AdamParams,

@@ -43,7 +43,7 @@ from plexrl.engines.ray_shm import WRITEBACK_FLAGS, node_folder
 from plexrl.engines.ray_worker import DeviceWorker
 from plexrl.policy import JobProfile, ModelMemory
 from plexrl.runtime.events import write_jsonl
-from plexrl.runtime.futures import APIFuture
+from plexrl.api.futures import APIFuture
 from plexrl.runtime.job_placer import provisional_profile
 from plexrl.runtime.local_cluster import LocalCluster, _check_positive, _checked_policy
 

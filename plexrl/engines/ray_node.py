@@ -33,7 +33,7 @@ from plexrl.engines.ray_shm import SharedHostBuffers
 from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.events import EventLog, job_events
-from plexrl.runtime.futures import APIFuture
+from plexrl.api.futures import APIFuture
 from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
 from plexrl.runtime.state_manager import StateManager, host_side_end

@@ -29,7 +29,7 @@ from plexrl.policy import JobProfile, ModelMemory, Policy, ResourceView, Tier
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.events import EventLog
 from plexrl.runtime import checkpoint, functions
-from plexrl.runtime.futures import APIFuture
+from plexrl.api.futures import APIFuture
 from plexrl.runtime.job_placer import JobPlacer, admit_and_route, provisional_profile, route_migration
 from plexrl.runtime.router import Router
 from plexrl.runtime.scheduler import GroupScheduler, Request

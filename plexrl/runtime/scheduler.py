@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from plexrl import errors
 from plexrl.policy import LoadPlan, NoFit, Policy, ReadyQueue, Tier, choose, offload_estimate
-from plexrl.runtime.futures import APIFuture
+from plexrl.api.futures import APIFuture
 from plexrl.runtime.state import ModelState
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry

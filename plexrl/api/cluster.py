@@ -1,0 +1,57 @@
+"""What a job's clients need of a cluster: the `Cluster` protocol, which every front satisfies
+(the local, process and Ray engines' `Front`, and a network edge standing in for one).
+
+A model state is known to the job side only by its `StateHandle`: names and sizes, never tensors.
+Nothing here imports torch, ray or transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from plexrl.api.futures import APIFuture
+
+
+@dataclass(frozen=True)
+class StateHandle:
+    """What a front knows of a model state: names and sizes, never tensors."""
+
+    state_id: str
+    job: str
+    name: str
+    source: str  # the base model folder it was loaded from
+    trainable: bool
+    device_bytes: int
+    host_bytes: int
+
+    @property
+    def is_snapshot(self) -> bool:
+        """A sampler snapshot a weight sync made (`trainer@sync`), not a model of its own."""
+        return "@" in self.name
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    """The calls a job's clients make. `submit` never raises for a call's own failure: the
+    error reaches the caller through the returned future."""
+
+    def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool, slack: float = 0.10,
+                  admission_timeout: float | None = None) -> StateHandle: ...
+
+    def submit(self, state: StateHandle, fn: str, payload: dict[str, Any] | None) -> APIFuture: ...
+
+    def latest_sampler(self, trainer_id: str, name: str) -> StateHandle | None: ...
+
+    def limits(self, state: StateHandle) -> tuple[int, int]:
+        """(vocabulary size, maximum positions) of the state's model."""
+        ...
+
+    def stop_token_ids(self, state: StateHandle) -> tuple[int, ...]: ...
+
+    def checkpoint_path(self, state: StateHandle, name: str) -> Path: ...
+
+    def report_step(self, job: str, step: int, **fields) -> None: ...
+
+    def finish_job(self, job: str) -> None: ...
