@@ -1,4 +1,4 @@
-"""Pure policy: priority, transition planning, placement, estimates, accounting.
+"""Pure policy: priority, group queues, transition planning, placement, estimates, accounting.
 
 Shared by the real runtime and the simulator. Standard library and numpy only; no I/O, no
 clock, no torch or ray: time is an argument and randomness an injected generator.
@@ -7,6 +7,7 @@ clock, no torch or ray: time is an argument and randomness an injected generator
 from plexrl.policy.accounting import JobUsage, Ledger
 from plexrl.policy.admission import Admission, AdmissionQueue, Waiting
 from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
+from plexrl.policy.group_queue import GroupQueue, Head
 from plexrl.policy.horizon import Horizon
 from plexrl.policy.placement import FirstFit, Placement, Placer, Wait, step_inflation
 from plexrl.policy.priority import Policy, ReadyQueue, choose, offload_estimate, priorities
@@ -24,9 +25,9 @@ from plexrl.policy.transitions import choose_window, plan_host_room, plan_load
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
 __all__ = [
-    "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit", "Horizon",
-    "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup", "Placement",
-    "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "Tier", "Transition",
+    "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit", "GroupQueue",
+    "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
+    "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
     "offload_estimate", "plan_host_room", "plan_load", "priorities", "profile_from_events", "resample",
     "step_inflation",
