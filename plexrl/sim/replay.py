@@ -1,11 +1,11 @@
 """Replaying a runtime trace on one simulated node group, with the runtime's scheduling rules.
 
 This is the mechanism of the real `GroupScheduler` + `StateManager` on virtual time, for
-calibration: one ready queue for the group's devices, one FIFO per model state (only its head
-is ready; calls of one model run in submission order), a free device asks
-`plexrl.policy.choose` for the next call and `plexrl.policy.plan_load` for the transitions,
-parks a call whose state is in flight elsewhere or cannot be fitted yet, and runs it
-non-preemptively. Execution estimates and bandwidth are learned online, as in the runtime.
+calibration: the runtime's `plexrl.policy.GroupQueue` for the group's devices (one FIFO per
+model state, only its head is ready; calls of one model run in submission order), a free
+device asks `plexrl.policy.choose` for the next call and `plexrl.policy.plan_load` for the
+transitions, parks a call whose state is in flight elsewhere or cannot be fitted yet, and runs
+it non-preemptively. Execution estimates and bandwidth are learned online, as in the runtime.
 Only time is modelled: each call holds its device for the runtime's dispatch overhead
 (`Trace.dispatch_s`), its switch and `hold_s`, a transfer takes
 the run's mean time for its kind and size (`Trace.transfer_seconds`), and an offload copies
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from plexrl.policy import (BandwidthEstimator, ExecEstimator, Ledger, NoFit, Policy, ReadyQueue, ResidencyView,
+from plexrl.policy import (BandwidthEstimator, ExecEstimator, GroupQueue, Ledger, NoFit, Policy, ResidencyView,
                            StateInfo, Tier, choose, offload_estimate, plan_load)
 from plexrl.policy.types import TransitionKind
 from plexrl.sim.engine import EventLoop
@@ -75,12 +75,12 @@ class GroupReplay:
         self.host_bytes = host_bytes
         self.ledger, self.estimator, self.bandwidth = Ledger(), ExecEstimator(EXEC_PRIOR_S), BandwidthEstimator(BANDWIDTH_PRIOR)
         self.states = {sid: _State(sid, job, d, h) for sid, (job, d, h) in trace.state_bytes.items()}
-        self.fifos: dict[str, deque[TracedCall]] = {}
-        self.ready, self.parked, self.seq = ReadyQueue(), set(), 0
+        self.queue: GroupQueue[tuple[TracedCall, float]] = GroupQueue()  # (call, arrival) per state
+        self.seq = 0
         self.idle = set(trace.devices)
-        self.remaining = {sid: 0 for sid in self.states}
+        self.unarrived: dict[str, int] = {}  # a retired state is dropped once its last call arrived and ran
         for c in trace.calls:
-            self.remaining[c.state] = self.remaining.get(c.state, 0) + 1
+            self.unarrived[c.state] = self.unarrived.get(c.state, 0) + 1
         self.call_end: dict[int, float] = {}
         self.step_t: dict[tuple[str, int], float] = {}
         self.peak = 0
@@ -113,10 +113,12 @@ class GroupReplay:
         if isinstance(item, TracedStep):
             self.step_t[(item.job, item.step)] = self.loop.now
             return
-        fifo = self.fifos.setdefault(item.state, deque())
-        fifo.append((item, self.loop.now))
-        if len(fifo) == 1:
-            self._make_ready(item.state)
+        self.unarrived[item.state] -= 1
+        if self.unarrived[item.state] == 0 and item.state in self.trace.retired:
+            self.queue.retire(item.state)
+        head = self.queue.push(item.state, (item, self.loop.now))
+        if head is not None:
+            self._make_ready(item.state, head)
         self._dispatch_idle()
 
     def _ended(self, call: TracedCall) -> None:
@@ -129,16 +131,17 @@ class GroupReplay:
         self._release(call.job)
 
     # --- the group scheduler -------------------------------------------------------------------------
-    def _make_ready(self, sid: str) -> None:
-        call, arrival = self.fifos[sid][0]
+    def _make_ready(self, sid: str, head: tuple[TracedCall, float]) -> None:
+        call, arrival = head
         state = self.states[sid]
         if call.device is None:
+            self.queue.start(sid)
             state.busy = True
             self.loop.at(self.loop.now + self.hold_s[call.id], self._io_done, call)
             return
-        self.ready.add(sid, arrival, self.estimator.estimate(sid, call.fn),
-                       self.bandwidth.seconds("load", state.device_bytes),
-                       state.device if state.tier is Tier.DEVICE else -1, self.seq, state.device_bytes)
+        self.queue.make_ready(sid, arrival, self.estimator.estimate(sid, call.fn),
+                              self.bandwidth.seconds("load", state.device_bytes),
+                              state.device if state.tier is Tier.DEVICE else -1, self.seq, state.device_bytes)
         self.seq += 1
 
     def _dispatch_idle(self) -> None:
@@ -146,46 +149,38 @@ class GroupReplay:
             self._pick(device)
 
     def _pick(self, device: int) -> bool:
-        self._unpark()
-        while len(self.ready):
+        for sid, head in self.queue.unpark(lambda s: self.states[s].busy):
+            self._make_ready(sid, head)
+        ready = self.queue.ready
+        while len(ready):
             now = self.loop.now
             free = self.capacity[device] - sum(s.device_bytes for s in self.states.values()
                                                if s.tier is Tier.DEVICE and s.device == device)
-            offload_s = offload_estimate(self.ready, free, self.bandwidth.bytes_per_s("offload"))
-            sid = choose(self.policy, self.ready, device, offload_s, now)
+            offload_s = offload_estimate(ready, free, self.bandwidth.bytes_per_s("offload"))
+            sid = choose(self.policy, ready, device, offload_s, now)
             if self.states[sid].busy:
-                self._park(sid)
+                self.queue.park(sid)
                 continue
             plan = plan_load(self._view(), sid, device)
             if isinstance(plan, NoFit):
-                self._park(sid)
+                self.queue.park(sid)
                 continue
-            self.ready.remove(sid)
-            self._run(device, plan)
+            self._run(device, plan, self.queue.dispatch(sid))
             return True
         return False
-
-    def _park(self, sid: str) -> None:
-        self.ready.remove(sid)
-        self.parked.add(sid)
-
-    def _unpark(self) -> None:
-        for sid in [s for s in self.parked if not self.states[s].busy]:
-            self.parked.discard(sid)
-            self._make_ready(sid)
 
     def _view(self) -> ResidencyView:
         infos = {
             s.sid: StateInfo(s.sid, s.job, s.device_bytes, s.host_bytes, s.tier, s.device, s.offset, s.busy,
-                             len(self.fifos.get(s.sid, ())), s.last_used)
+                             self.queue.pending(s.sid), s.last_used)
             for s in self.states.values()
         }
         return ResidencyView(infos, self.capacity, self.host_bytes)
 
-    def _run(self, device: int, plan) -> None:
+    def _run(self, device: int, plan, head: tuple[TracedCall, float]) -> None:
         """Apply the plan's transitions, charge them and the call, hold the device until it ends."""
         now = self.loop.now
-        call, arrival = self.fifos[plan.state_id][0]
+        call, arrival = head
         switch_s = sum(self._move(t, call.job) for t in plan.transitions)
         state = self.states[plan.state_id]
         state.busy = True
@@ -207,8 +202,7 @@ class GroupReplay:
         elif t.kind is TransitionKind.OFFLOAD:
             moved = s.device_bytes if s.dirty else 0
             s.tier, s.device, s.offset, s.dirty = Tier.HOST, None, None, False
-            if s.sid in self.ready:
-                self.ready.set_resident(s.sid, -1)
+            self.queue.ready.set_resident(s.sid, -1)
         else:  # spill/restore: the host budget is sized so these do not happen in a replay
             raise RuntimeError(f"replay needs a {t.kind.value} of {t.state_id}; raise the host budget")
         seconds = self.trace.transfer_seconds(t.kind.value, moved)
@@ -230,14 +224,11 @@ class GroupReplay:
     def _finish(self, call: TracedCall) -> None:
         state = self.states[call.state]
         state.busy, state.last_used = False, self.loop.now
-        fifo = self.fifos[call.state]
-        fifo.popleft()
-        self.remaining[call.state] -= 1
-        if fifo:
-            self._make_ready(call.state)
-        else:
-            del self.fifos[call.state]
-            if self.remaining[call.state] == 0 and call.state in self.trace.retired:
-                del self.states[call.state]
+        head = self.queue.complete(call.state)
+        if head is not None:
+            self._make_ready(call.state, head)
+        elif self.queue.drained(call.state):
+            self.queue.take_retired(call.state)
+            del self.states[call.state]
         self._ended(call)
         self._dispatch_idle()
