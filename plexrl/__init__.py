@@ -1,6 +1,7 @@
 """PlexRL: multiplexed, serviceized LLM execution for RL post-training on shared clusters."""
 
 from plexrl import errors
+from plexrl.api.client import SamplingClient, ServiceClient, TrainingClient
 from plexrl.types import (
     AdamParams,
     Datum,
@@ -18,23 +19,15 @@ from plexrl.types import (
 
 __all__ = [
     "AdamParams", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "LoadStateResponse", "LocalCluster",
-    "ModelInput", "OptimStepResponse", "RayCluster", "SampleResponse", "SampledSequence", "SamplingParams",
-    "SaveStateResponse", "TensorData", "errors",
+    "ModelInput", "ProcessCluster", "OptimStepResponse", "RayCluster", "SampleResponse", "SampledSequence", "SamplingClient",
+    "SamplingParams", "SaveStateResponse", "ServiceClient", "TensorData", "TrainingClient", "errors",
 ]
 
 
 def __getattr__(name: str):
     # The runtime pulls in torch and transformers; import it only when it is used.
-    if name == "LocalCluster":
-        from plexrl.runtime.local_cluster import LocalCluster
+    if name in ("LocalCluster", "ProcessCluster", "RayCluster"):
+        from plexrl import engines
 
-        return LocalCluster
-    if name == "RayCluster":
-        from plexrl.engines.ray_cluster import RayCluster
-
-        return RayCluster
-    if name in ("ServiceClient", "TrainingClient", "SamplingClient"):
-        from plexrl import client
-
-        return getattr(client, name)
+        return getattr(engines, name)
     raise AttributeError(f"module 'plexrl' has no attribute {name!r}")

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from plexrl import errors
+from plexrl.api import validation
 from plexrl.backends import execution, losses
 from plexrl.models import make_tiny_model
 from plexrl.types import Datum, ModelInput, SamplingParams
@@ -205,7 +206,7 @@ BAD_DATUMS = {
 @pytest.mark.parametrize("datums, error, fragments", BAD_DATUMS.values(), ids=BAD_DATUMS.keys())
 def test_bad_datums_are_named(datums, error, fragments):
     with pytest.raises(error) as raised:
-        execution.validate_datums(datums, vocab_size=99, max_positions=64)
+        validation.validate_datums(datums, vocab_size=99, max_positions=64)
     assert all(f in str(raised.value) for f in fragments), str(raised.value)
 
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plexrl import errors
+from plexrl.api import validation
 from plexrl.backends import losses
 from plexrl.types import Datum, ModelInput
 
@@ -63,8 +64,8 @@ def reference_gradient(name, out, inputs, config):
 
 def evaluate(name, out, inputs, loss_fn_config=None, pad_to=None):
     """loss_sum and the gradient w.r.t. the model output, on one datum padded to `pad_to`."""
-    loss = losses.get_loss(name)
-    config = losses.resolve_config(loss, loss_fn_config)
+    loss = validation.loss_spec(name)
+    config = validation.resolve_config(loss, loss_fn_config)
     length = len(out)
     width = pad_to or length
     datum = Datum(ModelInput.from_ints([0] * length),
@@ -81,7 +82,7 @@ def evaluate(name, out, inputs, loss_fn_config=None, pad_to=None):
 
 
 def thresholds(name, loss_fn_config):
-    config = losses.resolve_config(losses.get_loss(name), loss_fn_config)
+    config = validation.resolve_config(validation.loss_spec(name), loss_fn_config)
     return {"low": config.get("clip_low_threshold"), "high": config.get("clip_high_threshold")}
 
 
@@ -161,14 +162,18 @@ def test_policy_losses_match_reference_on_random_tokens(name, rows, low, spread)
 
 def test_unknown_loss_names_it_and_lists_known_ones():
     with pytest.raises(errors.UnknownLossFunction) as raised:
-        losses.get_loss("grpo")
+        validation.loss_spec("grpo")
     message = str(raised.value)
-    assert "'grpo'" in message and all(name in message for name in losses.BUILTIN_LOSSES)
+    assert "'grpo'" in message and all(name in message for name in validation.BUILTIN_LOSSES)
+
+
+def test_every_loss_of_the_api_table_has_its_maths():
+    assert set(losses.PER_TOKEN) == set(validation.BUILTIN_LOSSES)
 
 
 def test_config_defaults():
-    ppo = losses.resolve_config(losses.get_loss("ppo"), None)
-    cispo = losses.resolve_config(losses.get_loss("cispo"), {})
+    ppo = validation.resolve_config(validation.loss_spec("ppo"), None)
+    cispo = validation.resolve_config(validation.loss_spec("cispo"), {})
     assert ppo == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
     assert cispo == {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
 
@@ -186,7 +191,7 @@ BAD_CONFIGS = {
 @pytest.mark.parametrize("name, config, fragment", BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
 def test_bad_config_is_rejected_with_reason(name, config, fragment):
     with pytest.raises(errors.InvalidInput) as raised:
-        losses.resolve_config(losses.get_loss(name), config)
+        validation.resolve_config(validation.loss_spec(name), config)
     assert fragment in str(raised.value)
 
 
@@ -194,12 +199,12 @@ def test_missing_required_input_names_datum_and_key():
     good = Datum(ModelInput.from_ints([1, 2]), {"target_tokens": [2, 3], "logprobs": [0.0, 0.0], "advantages": [1.0, 1.0]})
     bad = Datum(ModelInput.from_ints([1, 2]), {"target_tokens": [2, 3], "logprobs": [0.0, 0.0]})
     with pytest.raises(errors.DatumShapeError) as raised:
-        losses.check_required_inputs(losses.get_loss("ppo"), [good, bad])
+        validation.check_required_inputs(validation.loss_spec("ppo"), [good, bad])
     assert "datum 1" in str(raised.value) and "missing ['advantages']" in str(raised.value)
 
 
 def test_padded_inputs_fill_defaults_and_zero_pads():
     datums = [Datum(ModelInput.from_ints([1, 2, 3]), {"target_tokens": [1, 1, 1], "weights": [0.5, 0.25, 2.0]}),
               Datum(ModelInput.from_ints([1]), {"target_tokens": [1]})]
-    padded = losses.padded_inputs(losses.get_loss("cross_entropy"), datums, width=4)
+    padded = losses.padded_inputs(validation.loss_spec("cross_entropy"), datums, width=4)
     assert padded["weights"].tolist() == [[0.5, 0.25, 2.0, 0.0], [1.0, 0.0, 0.0, 0.0]]

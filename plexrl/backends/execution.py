@@ -6,6 +6,8 @@ the model's tensors live; this module only runs it. Conventions are Tinker's:
   the token that follows input position t;
 - losses are sums over tokens (see backends/losses.py);
 - `sample` returns each sequence's tokens, their log-probs and a stop reason.
+Inputs are checked with plexrl/api/validation.py, the checks a job's client already ran, so a
+direct call fails the same way as one through a cluster.
 
 Invariants:
 - `forward_backward` accumulates gradients into the `p.grad` tensors already there, in place: it
@@ -26,11 +28,11 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
 from plexrl import errors, types
+from plexrl.api import validation
 from plexrl.backends import losses
 from plexrl.types import Datum
 
@@ -53,50 +55,6 @@ def with_cache(model: torch.nn.Module, cache: DynamicCache) -> dict:
     """The KV-cache keyword of `model.forward`: `cache` in transformers >= 5.2x, else `past_key_values`."""
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     return {name: cache, "use_cache": True}
-
-
-# ---------------------------------------------------------------------------- validation
-
-def check_tokens(tokens: Sequence[int], vocab_size: int, what: str) -> None:
-    bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab_size]
-    if bad:
-        position, token = bad[0]
-        raise errors.InvalidInput(
-            f"{what}: token {token} at position {position} is outside the vocabulary "
-            f"(expected 0 <= token < {vocab_size}; {len(bad)} bad token(s) in all)")
-
-
-def check_length(length: int, max_positions: int, what: str) -> None:
-    if not 1 <= length <= max_positions:
-        raise errors.InvalidInput(
-            f"{what} has {length} tokens; expected between 1 and the model's {max_positions} positions")
-
-
-def validate_datums(datums: Sequence[Datum], vocab_size: int, max_positions: int) -> None:
-    """Every datum: 1..max_positions tokens in the vocabulary, and every loss_fn_input a flat
-    finite array of the model_input's length (Tinker: `target_tokens[t]` follows position t)."""
-    if not datums:
-        raise errors.InvalidInput("forward_backward got no datums; expected at least one")
-    for index, datum in enumerate(datums):
-        tokens = datum.model_input.to_ints()
-        check_length(len(tokens), max_positions, f"datum {index}: model_input")
-        check_tokens(tokens, vocab_size, f"datum {index}: model_input")
-        for key, tensor in datum.loss_fn_inputs.items():
-            check_datum_input(index, key, tensor.to_numpy(), len(tokens), vocab_size)
-
-
-def check_datum_input(index: int, key: str, array, expected_length: int, vocab_size: int) -> None:
-    where = f"datum {index}: loss_fn_inputs[{key!r}]"
-    if array.ndim != 1 or array.shape[0] != expected_length:
-        raise errors.DatumShapeError(
-            f"{where} has shape {tuple(array.shape)} (length {array.shape[0] if array.ndim else 0}); "
-            f"expected a flat array of length {expected_length}, the length of its model_input")
-    if not np.isfinite(array).all():
-        raise errors.DatumShapeError(f"{where} holds NaN or infinite values; expected finite numbers")
-    if key == "target_tokens":
-        if (array != array.round()).any():
-            raise errors.DatumShapeError(f"{where} holds non-integer values; expected token ids")
-        check_tokens(array.astype("int64").tolist(), vocab_size, where)
 
 
 # ---------------------------------------------------------------------------- forward_backward
@@ -148,7 +106,7 @@ def forward_backward(model: torch.nn.Module, datums: Sequence[Datum], loss_fn: s
     """
     datums = list(datums)
     vocab_size, max_positions = model_limits(model, max_positions)
-    validate_datums(datums, vocab_size, max_positions)
+    validation.validate_datums(datums, vocab_size, max_positions)
     run = prepare_loss(loss_fn, loss_fn_config, datums)  # every input error is raised before running
     batch = pad_batch(datums, model_device(model))
     with torch.enable_grad() if backward else torch.no_grad():
@@ -162,24 +120,13 @@ def forward_backward(model: torch.nn.Module, datums: Sequence[Datum], loss_fn: s
 
 def prepare_loss(loss_fn: str | CustomLoss, loss_fn_config: dict | None, datums: list[Datum]):
     """Checked loss as `run(batch, logits) -> (total loss, per-datum outputs, metrics)`."""
-    if callable(loss_fn):
-        if loss_fn_config:
-            raise errors.InvalidInput(
-                f"loss_fn_config={loss_fn_config!r} given with a custom loss; expected none "
-                "(a custom loss carries its own settings)")
-        for index, datum in enumerate(datums):
-            if "target_tokens" not in datum.loss_fn_inputs:
-                raise errors.DatumShapeError(
-                    f"datum {index}: a custom loss needs loss_fn_inputs['target_tokens'] "
-                    f"(given {sorted(datum.loss_fn_inputs)})")
+    checked = validation.check_loss(loss_fn, loss_fn_config, datums)
+    if checked is None:
         return functools.partial(custom_loss, loss_fn, datums)
-    loss = losses.get_loss(loss_fn)
-    config = losses.resolve_config(loss, loss_fn_config)
-    losses.check_required_inputs(loss, datums)
-    return functools.partial(builtin_loss, loss, config, datums)
+    return functools.partial(builtin_loss, *checked, datums)
 
 
-def builtin_loss(loss: losses.BuiltinLoss, config: dict, datums: list[Datum], batch: Batch,
+def builtin_loss(loss: validation.LossSpec, config: dict, datums: list[Datum], batch: Batch,
                  logits: torch.Tensor):
     """(total loss, per-datum outputs, metrics) for a built-in loss."""
     logprobs = target_logprobs(logits, batch.target_tokens)
@@ -221,8 +168,7 @@ def compute_logprobs(model: torch.nn.Module, tokens: Sequence[int], *,
     """Log-prob of each token given the ones before it; the first has no context, so None."""
     tokens = [int(t) for t in tokens]
     vocab_size, max_positions = model_limits(model, max_positions)
-    check_length(len(tokens), max_positions, "compute_logprobs sequence")
-    check_tokens(tokens, vocab_size, "compute_logprobs sequence")
+    validation.check_sequence(tokens, vocab_size, max_positions, "compute_logprobs sequence")
     input_ids = torch.tensor([tokens], device=model_device(model))
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits
@@ -319,10 +265,9 @@ def sample(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
     e.g. from `params.seed`). Stops: `params.stop` (token ids, or strings when `decode` maps
     token ids to text) and `stop_token_ids`; a stopped sequence ends with its stop token.
     """
-    params.validate()
     prompt = [int(t) for t in prompt]
     vocab_size, max_positions = model_limits(model, max_positions)
-    check_sample_request(prompt, num_samples, params, vocab_size, max_positions)
+    validation.check_sample_request(prompt, num_samples, params, vocab_size, max_positions)
     stop = StopRule.of(params.stop, stop_token_ids, decode)
     device = model_device(model)
     generator = torch.Generator(device=device).manual_seed(int(seed))
@@ -346,18 +291,6 @@ def sample(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
         for row_tokens, row_logprobs, (length, stopped) in zip(tokens, logprobs, lengths)
     ]
     return types.SampleResponse(sequences=sequences, prompt_logprobs=prompt_logprobs)
-
-
-def check_sample_request(prompt: list[int], num_samples: int, params: types.SamplingParams,
-                         vocab_size: int, max_positions: int) -> None:
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise errors.InvalidInput(f"num_samples={num_samples!r}; expected an integer >= 1")
-    check_length(len(prompt), max_positions, "sample prompt")
-    check_tokens(prompt, vocab_size, "sample prompt")
-    if len(prompt) + params.max_tokens > max_positions:
-        raise errors.InvalidInput(
-            f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} = "
-            f"{len(prompt) + params.max_tokens} positions; expected at most the model's {max_positions}")
 
 
 def decode_loop(model, cached: dict, logits: torch.Tensor, params: types.SamplingParams,

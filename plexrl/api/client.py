@@ -1,0 +1,215 @@
+"""What a job holds: a service client per job, a training client per trainable model, sampling
+clients for weights (Tinker's shape). Every call returns a future; calls on one model run in
+submission order. Inputs are checked here (plexrl/api/validation.py), so a bad call fails at once,
+through its future, with a clear message and never reaches a worker.
+
+The clients stand on any `Cluster` (plexrl/api/cluster.py): the local, process and Ray fronts,
+or a network edge. Nothing here imports torch, ray or transformers (`get_tokenizer` imports
+transformers when it is called).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from plexrl.api import errors, validation
+from plexrl.api.cluster import Cluster, StateHandle
+from plexrl.api.futures import APIFuture
+from plexrl.api.types import (
+    AdamParams,
+    Datum,
+    ForwardBackwardOutput,
+    LoadStateResponse,
+    ModelInput,
+    OptimStepResponse,
+    SampleResponse,
+    SamplingParams,
+    SaveStateResponse,
+)
+
+LossFn = str | Callable
+
+
+class ServiceClient:
+    def __init__(self, cluster: Cluster, job: str, slack: float = 0.10, admission_timeout: float | None = None):
+        self.cluster = cluster
+        self.job = job
+        self.slack = slack
+        self.admission_timeout = admission_timeout
+
+    def create_training_client(self, base_model: str | Path, seed: int = 0, name: str = "policy") -> "TrainingClient":
+        """A trainable, full-parameter model of this job, loaded from a local HF folder."""
+        state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout)
+        return TrainingClient(self.cluster, state, seed)
+
+    def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0) -> "SamplingClient":
+        """A frozen model (reference, teacher) for sampling and log-probs."""
+        name = name or f"frozen:{Path(base_model).name}"
+        state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout)
+        return SamplingClient(self.cluster, state, seed)
+
+    def report_step(self, step: int, **fields) -> None:
+        """Marks the end of this job's step `step` (fields such as `reward=` go to its metrics).
+
+        Step marks are where the cluster measures the job's profile, checkpoints its trainable
+        models (every k-th mark) and may move it; a job that runs outside the driver's process
+        marks its steps through this call."""
+        self.cluster.report_step(self.job, step, **fields)
+
+    def close(self) -> None:
+        """The job is done: free its states and let waiting jobs in."""
+        self.cluster.finish_job(self.job)
+
+    def __enter__(self) -> "ServiceClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _ModelClient:
+    def __init__(self, cluster: Cluster, state: StateHandle, seed: int):
+        self.cluster = cluster
+        self.state = state
+        self.seed = int(seed)
+        self._calls = 0
+
+    @property
+    def model_id(self) -> str:
+        return self.state.state_id
+
+    def get_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.state.source)
+
+    def _submit(self, fn: str, payload: dict[str, Any], check: Callable[[], None] | None = None) -> APIFuture:
+        """One call = (function name, payload); bad input fails here, before any engine sees it."""
+        if check is not None:
+            try:
+                check()
+            except errors.PlexRLError as exc:
+                return APIFuture.failed(exc)
+        future = self.cluster.submit(self.state, fn, payload)
+        if future.done() and isinstance(future.exception(), errors.UnknownModel):
+            # a sync retired the snapshot between resolving it and submitting: resolve again
+            future = self.cluster.submit(self.state, fn, payload)
+        return future
+
+    def _next_seed(self, requested: int | None) -> int:
+        """Explicit seeds win; otherwise one derived from (client seed, call number): deterministic
+        whatever else runs on the cluster."""
+        self._calls += 1
+        if requested is not None:
+            return requested
+        return (self.seed * 1_000_003 + self._calls * 7_919) % (2**31 - 1)
+
+
+class SamplingClient(_ModelClient):
+    """Samples and scores with one set of weights. A client made by
+    `save_weights_and_get_sampling_client(name)` follows the weights most recently synced
+    under `name` (as a weight-synced rollout engine does): calls submitted before a sync see
+    the weights before it, calls submitted after see the new ones."""
+
+    def __init__(self, cluster: Cluster, state: StateHandle, seed: int, follows: tuple[str, str] | None = None):
+        super().__init__(cluster, state, seed)
+        self._follows = follows
+
+    @property
+    def state(self) -> StateHandle:
+        if self._follows is not None:
+            latest = self.cluster.latest_sampler(*self._follows)
+            if latest is not None:
+                return latest
+        return self._state
+
+    @state.setter
+    def state(self, value: StateHandle) -> None:
+        self._state = value
+
+    def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
+               include_prompt_logprobs: bool = False) -> APIFuture[SampleResponse]:
+        params = sampling_params or SamplingParams()
+        tokens = prompt.to_ints()
+        seed = self._next_seed(params.seed)
+        stop_ids = self.cluster.stop_token_ids(self.state)
+
+        def check() -> None:
+            vocab, positions = self.cluster.limits(self.state)
+            validation.check_sample_request(tokens, num_samples, params, vocab, positions)
+
+        payload = {"tokens": tokens, "num_samples": num_samples, "params": params, "seed": seed,
+                   "stop_ids": stop_ids, "include_prompt_logprobs": include_prompt_logprobs}
+        return self._submit("sample", payload, check)
+
+    def compute_logprobs(self, prompt: ModelInput) -> APIFuture[list[float | None]]:
+        tokens = prompt.to_ints()
+
+        def check() -> None:
+            vocab, positions = self.cluster.limits(self.state)
+            validation.check_sequence(tokens, vocab, positions, "compute_logprobs sequence")
+
+        return self._submit("compute_logprobs", {"tokens": tokens}, check)
+
+
+class TrainingClient(_ModelClient):
+    def forward_backward(self, data: Sequence[Datum], loss_fn: LossFn = "cross_entropy",
+                         loss_fn_config: dict | None = None) -> APIFuture[ForwardBackwardOutput]:
+        return self._forward(data, loss_fn, loss_fn_config, backward=True)
+
+    def forward(self, data: Sequence[Datum], loss_fn: LossFn = "cross_entropy",
+                loss_fn_config: dict | None = None) -> APIFuture[ForwardBackwardOutput]:
+        """The loss and its outputs (e.g. a critic's `values`) without touching gradients."""
+        return self._forward(data, loss_fn, loss_fn_config, backward=False)
+
+    def forward_backward_custom(self, data: Sequence[Datum], loss_fn: Callable) -> APIFuture[ForwardBackwardOutput]:
+        return self._forward(data, loss_fn, None, backward=True)
+
+    def _forward(self, data, loss_fn, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
+        data = list(data)
+
+        def check() -> None:
+            vocab, positions = self.cluster.limits(self.state)
+            validation.validate_datums(data, vocab, positions)
+            validation.check_loss(loss_fn, loss_fn_config, data)
+
+        payload = {"data": data, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config, "backward": backward}
+        return self._submit("forward_backward" if backward else "forward", payload, check)
+
+    def optim_step(self, adam_params: AdamParams | None = None) -> APIFuture[OptimStepResponse]:
+        params = adam_params or AdamParams()
+        return self._submit("optim_step", {"params": params}, params.validate)
+
+    def save_state(self, name: str, with_optimizer: bool = True) -> APIFuture[SaveStateResponse]:
+        """Materialize a consistent snapshot to the checkpoint directory (residency unchanged)."""
+        path = self.cluster.checkpoint_path(self.state, name)
+        return self._submit("save_state", {"path": str(path), "with_optimizer": with_optimizer})
+
+    def load_state(self, path: str | Path) -> APIFuture[LoadStateResponse]:
+        """Weights from a checkpoint; optimizer moments restart from zero."""
+        return self._load(Path(path), with_optimizer=False)
+
+    def load_state_with_optimizer(self, path: str | Path) -> APIFuture[LoadStateResponse]:
+        return self._load(Path(path), with_optimizer=True)
+
+    def _load(self, path: Path, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
+        def check() -> None:
+            if not path.is_dir():
+                raise errors.ModelLoadError(f"checkpoint folder {str(path)!r} does not exist; expected a save_state path")
+
+        return self._submit("load_state", {"path": str(path), "with_optimizer": with_optimizer}, check)
+
+    def save_weights_for_sampler(self, name: str = "sampler") -> APIFuture[StateHandle]:
+        """Weight sync: the current weights become the weights of this model's sampler `name`."""
+        return self._submit("sync_weights", {"name": name})
+
+    def save_weights_and_get_sampling_client(self, name: str = "sampler") -> SamplingClient:
+        """Blocks until the weights are synced. Samplers of successive syncs draw from different
+        default seed streams (explicit `SamplingParams.seed` always wins)."""
+        snapshot = self.save_weights_for_sampler(name).result()
+        self._syncs += 1
+        return SamplingClient(self.cluster, snapshot, self.seed * 1_000_033 + self._syncs,
+                              follows=(self.state.state_id, name))
+
+    _syncs = 0
