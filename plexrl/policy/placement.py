@@ -167,6 +167,17 @@ class Placer:
     def placements(self) -> dict[str, Placement]:
         return {job: p.placement for job, p in self._placed.items()}
 
+    def inflation_of(self, job: str) -> float:
+        """The step inflation the model predicts now for placed `job` with the co-tenants it
+        has (`step_inflation` on its most contended device); 0.0 for a job alone on its devices."""
+        h = self.horizon
+        placed = self._placed[job]
+        rows = [self.view.device_rows[d] for d in placed.placement.devices]
+        in_time = h.columns(h.origin, h.slots)
+        mine = h.project(placed.profile, placed.anchor_s, h.origin, h.slots) / len(rows)
+        load = h.load[rows][:, in_time]
+        return round(max(step_inflation(row - mine, mine, 1.0) for row in load), 9)
+
     def overload_s(self) -> float:
         """Projected overload of the whole cluster over the horizon, in device-seconds."""
         return float(self.horizon.overload_s(np.ones(len(self.horizon.load))).sum())

@@ -78,6 +78,7 @@ class PlexRLMode(Mode):
             Group(gid, [self.workers[d] for d in g.devices])
         self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S))
         self.by_name: dict[str, SimJob] = {}
+        self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
 
     def run(self, plans: StepPlans | None = None, placements: PlacementMemo | None = None) -> ModeResult:
         if placements is not None:
@@ -95,19 +96,64 @@ class PlexRLMode(Mode):
             self._launch(job, decision)
 
     def _job_done(self, job: SimJob) -> None:
+        tenants = self._cotenants(job)
         for worker in job.workers["trainer"]:
             worker.remove_job(job.name)
-        for admission in self.admission.release(job.name, self.loop.now):
+        now = self.loop.now
+        self.forecasts[job.name].close(now)
+        admissions = self.admission.release(job.name, now)
+        self._forecast(tenants)
+        for admission in admissions:
             self._launch(self.by_name[admission.job], admission.placement)
 
     def _launch(self, job: SimJob, placement: Placement) -> None:
         workers = [self.workers[d] for d in replica_order(placement.devices, self.cluster.gpus_per_node, job.spec.tp)]
         for state in states_of(job.spec):
             self.attach(job, state, workers)
+        self.forecasts[job.name] = Forecast(self.loop.now)
+        self._forecast(self._cotenants(job) | {job.name})
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
+
+    def _cotenants(self, job: SimJob) -> set[str]:
+        return {r.job for w in job.workers["trainer"] for r in w.states.values()} - {job.name}
+
+    def _forecast(self, jobs: set[str]) -> None:
+        """Record what the placer now predicts for each of `jobs` (their co-tenants changed)."""
+        placer, now = self.admission.placer, self.loop.now
+        for name in sorted(jobs):
+            forecast = self.forecasts[name]
+            if forecast.closed is None:
+                forecast.update(now, placer.inflation_of(name), bool(self._cotenants(self.by_name[name])))
+
+    def predicted(self, job: SimJob, end: float) -> tuple[float | None, bool]:
+        forecast = self.forecasts.get(job.name)
+        return (None, False) if forecast is None else (forecast.mean(end), forecast.shared)
 
     def waiting_reasons(self) -> dict[str, str]:
         return {w.profile.job: w.reason for w in self.admission.waiting}
+
+
+class Forecast:
+    """A placed job's predicted inflation as a step function of time, and its time average."""
+
+    def __init__(self, since: float):
+        self.since, self.last_t, self.value, self.area = since, since, 0.0, 0.0
+        self.shared = False
+        self.closed: float | None = None
+
+    def update(self, now: float, value: float, shared: bool) -> None:
+        self.area += self.value * (now - self.last_t)
+        self.last_t, self.value = now, value
+        self.shared = self.shared or shared
+
+    def close(self, now: float) -> None:
+        self.update(now, self.value, False)
+        self.closed = now
+
+    def mean(self, end: float) -> float:
+        stop = self.closed if self.closed is not None else end
+        area = self.area + (self.value * (stop - self.last_t) if self.closed is None else 0.0)
+        return area / (stop - self.since) if stop > self.since else self.value
 
 
 def first_fit(workload, cluster, policy) -> PlexRLMode:

@@ -3,7 +3,15 @@
 Cost is GPU-hours per step: reserved GPUs x wall time for the baselines, consumed GPU time
 (execution + switch-in) for PlexRL, summed over jobs and divided by the steps they completed.
 Slowdown is a job's mean step time over its colocated mean step time (queueing excluded).
-A job that never started counts its queueing delay up to the end of the run.
+A job that never started counts its queueing delay up to the end of the run; a job that did
+not finish counts its completion time (queueing + run) up to the end of the run.
+
+The operator's figures (DESIGN §7): steps completed, mean job completion time, cluster
+GPU-hours per completed step (every GPU of the cluster over the run, busy or not) and
+`capacity_vs_colocated`, steps per cluster GPU-hour relative to colocated's.
+Co-tenancy (PlexRL modes): per job the placer's predicted step inflation (time-weighted over
+its placement) against the realised one (its steps' time over their solo time, minus 1), and
+their mean absolute error, over all placed jobs and over the jobs that shared a GPU.
 """
 
 from __future__ import annotations
@@ -36,11 +44,47 @@ def slowdowns(result: ModeResult, baseline: ModeResult) -> np.ndarray:
     return np.array([r.mean_step_s / base[r.name] for r in result.records if r.step_times and r.name in base])
 
 
+def completion_times(result: ModeResult) -> np.ndarray:
+    """Per job, queueing + run: its end (or the run's end, if it did not finish) - its arrival."""
+    return np.array([(r.finished if r.finished is not None else result.end_s) - r.arrival for r in result.records])
+
+
+def cluster_gpu_hours_per_step(result: ModeResult) -> float:
+    steps = sum(r.steps for r in result.records)
+    return result.cluster_gpus * result.end_s / 3600 / steps if steps else float("inf")
+
+
+def within_slack(result: ModeResult, baseline: ModeResult) -> float | None:
+    """Share of the jobs that ran a step whose mean slowdown against colocated is within their slack."""
+    base = {r.name: r.mean_step_s for r in baseline.records if r.step_times}
+    ok = [r.mean_step_s / base[r.name] - 1 <= r.slack + 1e-9 for r in result.records if r.step_times and r.name in base]
+    return float(np.mean(ok)) if ok else None
+
+
+def cotenancy(result: ModeResult) -> dict:
+    """Predicted against realised inflation of the jobs the placer placed and that ran a step."""
+    pairs = [(r.predicted_inflation, r.realised_inflation, r.shared) for r in result.records
+             if r.predicted_inflation is not None and r.realised_inflation is not None]
+    if not pairs:
+        return {}
+    pred, real, shared = (np.array(x) for x in zip(*pairs))
+    err = np.abs(pred - real)
+    return {
+        "inflation_predicted_mean": float(pred.mean()),
+        "inflation_realised_mean": float(real.mean()),
+        "inflation_mae": float(err.mean()),
+        "inflation_mae_shared": float(err[shared].mean()) if shared.any() else None,
+        "jobs_shared": int(shared.sum()),
+    }
+
+
 def summarize(result: ModeResult, baseline: ModeResult) -> dict:
     cost, base_cost = gpu_hours_per_step(result), gpu_hours_per_step(baseline)
     slow = slowdowns(result, baseline)
     delays = queue_delays(result)
+    jct = completion_times(result)
     span = makespan_s(result)
+    cluster_cost, base_cluster_cost = cluster_gpu_hours_per_step(result), cluster_gpu_hours_per_step(baseline)
     return {
         "gpu_hours_per_step": cost,
         "cost_reduction_vs_colocated": 1 - cost / base_cost if base_cost > 0 else 0.0,
@@ -53,6 +97,12 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
         "switch_overhead_share": result.switch_gpu_s / result.busy_gpu_s if result.busy_gpu_s > 0 else 0.0,
         "steps": sum(r.steps for r in result.records),
         "jobs_finished": sum(r.finished is not None for r in result.records),
+        "jct_mean_s": float(jct.mean()),
+        "jct_p99_s": float(np.percentile(jct, 99)),
+        "cluster_gpu_hours_per_step": cluster_cost,
+        "capacity_vs_colocated": base_cluster_cost / cluster_cost if cluster_cost > 0 else 0.0,
+        "within_slack": within_slack(result, baseline),
+        **cotenancy(result),
         "events": result.events,
         "wall_s": result.wall_s,
         "jobs": {
@@ -60,9 +110,14 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
                 "gpu_hours_per_step": r.charged_gpu_s / max(r.steps, 1) / 3600,
                 "mean_step_s": r.mean_step_s,
                 "queue_delay_s": float(d),
+                "jct_s": float(c),
                 "steps": r.steps,
+                "slack": r.slack,
+                "inflation_predicted": r.predicted_inflation,
+                "inflation_realised": r.realised_inflation,
+                "shared": r.shared,
             }
-            for r, d in zip(result.records, delays)
+            for r, d, c in zip(result.records, delays, completion_times(result))
         },
     }
 
@@ -99,18 +154,11 @@ def plot(results: dict[str, ModeResult], summaries: dict[str, dict], out: Path) 
     paths.append(_save(fig, out / "cost_per_step.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for mode in modes:
-        d = np.sort(queue_delays(results[mode])) / 3600
-        ax.step(d, np.arange(1, len(d) + 1) / len(d), where="post", label=mode)
-    ax.set_xlabel("job queueing delay (h)")
-    ax.set_ylabel("CDF")
-    ax.legend(fontsize=7)
+    _delay_cdf(ax, results, modes)
     paths.append(_save(fig, out / "queue_delay_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar(modes, [summaries[m]["makespan_s"] / 3600 for m in modes])
-    ax.set_ylabel("makespan (h)")
-    ax.tick_params(axis="x", rotation=30)
+    _makespans(ax, summaries, modes)
     paths.append(_save(fig, out / "makespan.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -121,7 +169,58 @@ def plot(results: dict[str, ModeResult], summaries: dict[str, dict], out: Path) 
     ax.set_ylabel("busy share of cluster GPUs")
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "utilization.png"))
+    paths.append(_policies_figure(results, summaries, out / "fig8_policies.png"))
+    paths.append(_inflation_figure(results, out / "inflation_predicted_vs_realised.png"))
     return paths
+
+
+REQUEST_POLICY_MODES = ("colocated", "plexrl", "plexrl-hrrn", "plexrl-sjf", "plexrl-fcfs")
+
+
+def _policies_figure(results: dict[str, ModeResult], summaries: dict[str, dict], path: Path) -> Path:
+    """The paper's Fig. 8: job queueing-delay CDF and makespan per request scheduling policy."""
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in REQUEST_POLICY_MODES if m in results]
+    fig, (cdf, span) = plt.subplots(1, 2, figsize=(10, 4))
+    _delay_cdf(cdf, results, modes)
+    _makespans(span, summaries, modes)
+    return _save(fig, path)
+
+
+def _delay_cdf(ax, results: dict[str, ModeResult], modes: list[str]) -> None:
+    for mode in modes:
+        d = np.sort(queue_delays(results[mode])) / 3600
+        ax.step(d, np.arange(1, len(d) + 1) / len(d), where="post", label=mode)
+    ax.set_xlabel("job queueing delay (h)")
+    ax.set_ylabel("CDF")
+    ax.legend(fontsize=7)
+
+
+def _makespans(ax, summaries: dict[str, dict], modes: list[str]) -> None:
+    ax.bar(modes, [summaries[m]["makespan_s"] / 3600 for m in modes])
+    ax.set_ylabel("makespan (h)")
+    ax.tick_params(axis="x", rotation=30)
+
+
+def _inflation_figure(results: dict[str, ModeResult], path: Path) -> Path:
+    """Per job, the placer's predicted step inflation against the realised one, per PlexRL mode."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    top = 0.05
+    for mode, result in results.items():
+        pairs = [(r.predicted_inflation, r.realised_inflation) for r in result.records
+                 if r.predicted_inflation is not None and r.realised_inflation is not None]
+        if pairs:
+            x, y = zip(*pairs)
+            ax.scatter(x, y, s=8, label=mode)
+            top = max(top, *x, *y)
+    ax.plot([0, top], [0, top], color="grey", lw=0.8)
+    ax.set_xlabel("predicted step inflation")
+    ax.set_ylabel("realised step inflation")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
 
 
 def _save(fig, path: Path) -> Path:

@@ -53,6 +53,16 @@ class JobRecord:
     switch_gpu_s: float
     submitted: int
     served: int
+    slack: float = 0.0  # the job's SLO: tolerated step slowdown
+    solo_s: float = 0.0  # what its completed steps take alone on its GPUs, every state resident
+    predicted_inflation: float | None = None  # the placer's prediction, time-weighted (PlexRL modes)
+    shared: bool = False  # it shared a GPU with another job at some time (PlexRL modes)
+
+    @property
+    def realised_inflation(self) -> float | None:
+        """Its completed steps' time over their solo time, minus 1: what co-tenancy (and
+        switching) cost it, the figure the placer's inflation model predicts."""
+        return sum(self.step_times) / self.solo_s - 1 if self.step_times and self.solo_s > 0 else None
 
     @property
     def queue_delay(self) -> float | None:
@@ -164,6 +174,11 @@ class Mode:
         self.release(job)
         self._admit()
 
+    def predicted(self, job: SimJob, end: float) -> tuple[float | None, bool]:
+        """(the placer's time-weighted predicted inflation of the job, whether it shared GPUs);
+        modes without a placer predict nothing."""
+        return None, False
+
     def charged_gpu_s(self, job: SimJob, end: float) -> float:
         if job.started is None:
             return 0.0
@@ -177,10 +192,12 @@ class Mode:
         records = []
         for job in self.jobs:
             usage = ledger.jobs.get(job.name)
+            predicted, shared = self.predicted(job, end)
             records.append(JobRecord(
                 job.name, self.gpus_of(job.spec), job.arrival, job.started, job.finished, job.step,
                 list(job.step_times), self.charged_gpu_s(job, end),
                 0.0 if usage is None else usage.switch_s, job.submitted, job.served,
+                job.spec.slack, job.solo_s(), predicted, shared,
             ))
         s = self.service
         start, stop, gpus = np.frombuffer(s.busy, dtype=np.float64).reshape(-1, 3).T.copy()

@@ -39,7 +39,7 @@ from plexrl.policy.types import Tier
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
-from plexrl.sim.phases import Phase, StepPlans
+from plexrl.sim.phases import Phase, StepPlans, solo_step_s
 from plexrl.sim.worker import KIND_NAME, Request, SimWorker
 from plexrl.sim.workload import Job
 
@@ -85,6 +85,14 @@ class SimJob:
     def next_phases(self) -> list[Phase]:
         return self.plans.step(self.spec, self.seed, self.index, self.costs, self.step,
                                len(self.workers["sampler"]), len(self.workers["trainer"]), self.consolidate_tail)
+
+    def solo_s(self) -> float:
+        """Seconds its completed steps take alone on its GPUs with every state resident."""
+        if "sampler" not in self.workers:
+            return 0.0
+        shape = (len(self.workers["sampler"]), len(self.workers["trainer"]), self.consolidate_tail)
+        return sum(solo_step_s(self.plans.step(self.spec, self.seed, self.index, self.costs, k, *shape))
+                   for k in range(self.step))
 
     def gangs(self, phase: Phase) -> list[tuple[SimWorker, ...]]:
         """The gang of each of a phase's shards: consecutive runs of `shard_gpus` of the state's

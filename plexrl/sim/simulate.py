@@ -154,5 +154,18 @@ def over_seeds(workload: Workload, cluster: Cluster, seeds: int, modes: tuple[st
             "cost_reduction_mean": sum(cut) / seeds, "cost_reduction_min": min(cut),
             "slowdown_mean_mean": sum(slow) / seeds, "slowdown_mean_max": max(slow),
             "slowdown_p95_max": max(r["slowdown_p95"] for r in rows),
+            **_spread(rows, "steps", "capacity_vs_colocated", "jct_mean_s", "makespan_s", "queue_delay_p99_s",
+                      "within_slack", "inflation_mae", "inflation_mae_shared"),
         }
     return {"seeds": [workload.seed + k for k in range(seeds)], "modes": table, "runs": per_seed}
+
+
+def _spread(rows: list[dict], *keys: str) -> dict:
+    """Mean, min and max over seeds of each figure in `keys` that every seed reports."""
+    out = {}
+    for key in keys:
+        values = [r.get(key) for r in rows]
+        if all(v is not None for v in values):
+            out.update({f"{key}_mean": sum(values) / len(values), f"{key}_min": min(values),
+                        f"{key}_max": max(values)})
+    return out
