@@ -33,3 +33,10 @@ def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout
         trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(timeout)
         cluster.report_step(job, step)
     return trainer
+
+
+def weights(cluster, client):
+    """A model client's current weights (flat float32, a torch tensor), read from the cluster."""
+    import torch
+
+    return torch.from_numpy(cluster.fetch_weights(client.state))

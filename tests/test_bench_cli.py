@@ -16,7 +16,7 @@ def run_json(capsys, argv):
 def test_bench_switch_json(capsys):
     out = run_json(capsys, ["bench", "switch", "--json", "--size-mb", "8", "--repeats", "2"])
     assert {"switch_gbps", "memcpy_gbps", "ratio"} <= set(out)
-    assert out["bytes_per_switch"] == 2 * out["state_bytes"]
+    assert 0.5 * out["state_bytes"] < out["bytes_per_switch"] < 2 * out["state_bytes"], "one state loaded per switch"
     assert out["ratio"] == out["switch_gbps"] / out["memcpy_gbps"]
 
 

@@ -17,6 +17,7 @@ import cloudpickle
 import pytest
 
 from plexrl.engines import hosting
+from plexrl.runtime import remote
 
 TIMEOUT_S = 60
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the child cannot import a test module
@@ -49,12 +50,12 @@ def test_calls_run_in_order_and_errors_come_back(counter):
     assert [f.result(TIMEOUT_S) for f in futures] == [11, 13, 16, 20, 25]
     with pytest.raises(ArithmeticError, match="deliberately"):
         counter.fail.remote().result(TIMEOUT_S)
-    assert hosting.get(counter.add.remote(1), TIMEOUT_S) == 26
+    assert remote.get(counter.add.remote(1), TIMEOUT_S) == 26
 
 
 def test_a_dead_process_fails_its_call_and_is_restarted(counter):
     counter.add.remote(5).result(TIMEOUT_S)
-    with pytest.raises(hosting.WorkerGone, match="exit code 3"):
+    with pytest.raises(remote.WorkerGone, match="exit code 3"):
         counter.die.remote().result(TIMEOUT_S)
     assert counter.add.remote(1).result(TIMEOUT_S) == 11, "restarted with the same constructor arguments"
     assert counter.restarts == 1
@@ -62,13 +63,13 @@ def test_a_dead_process_fails_its_call_and_is_restarted(counter):
 
 def test_a_killed_actor_refuses_calls(counter):
     counter.kill()
-    with pytest.raises(hosting.WorkerGone, match="shut down"):
+    with pytest.raises(remote.WorkerGone, match="shut down"):
         counter.add.remote(1).result(TIMEOUT_S)
 
 
 def test_no_shared_memory_is_left_by_a_process_that_does_not_close(tmp_path, micro_model):
     script = (
-        "from plexrl.engines.process_cluster import ProcessCluster\n"
+        "from plexrl.engines.process import ProcessCluster\n"
         "c = ProcessCluster(devices=1, device_memory_bytes=16 << 20, host_memory_bytes=64 << 20)\n"
         f"c.service_client('j').create_training_client(base_model={micro_model!r})\n"
         "print(c.name)\n"

@@ -17,7 +17,7 @@ import pytest
 
 import plexrl
 from plexrl import errors
-from plexrl.engines.ray_shm import node_folder
+from plexrl.runtime.host_buffers import node_folder
 from tests.helpers import datum
 
 ray = pytest.importorskip("ray")
@@ -61,7 +61,7 @@ def train(service, model_dir, seed):
 
 
 def test_placement_honoured_and_affinity_kept(two_nodes, micro_model):
-    from plexrl.engines.ray_cluster import RayCluster
+    from plexrl.engines.ray_engine import RayCluster
 
     with RayCluster(address="auto", devices_per_node=2, device_memory_bytes=16 * MiB, host_memory_bytes=64 * MiB) as cluster:
         assert len(cluster.nodes) == 2 and len(set(cluster.node_ids)) == 2
@@ -91,7 +91,7 @@ def test_placement_honoured_and_affinity_kept(two_nodes, micro_model):
 
 
 def test_a_job_migrates_between_nodes_and_is_re_placed_from_its_profile(two_nodes, micro_model):
-    from plexrl.engines.ray_cluster import RayCluster
+    from plexrl.engines.ray_engine import RayCluster
 
     with RayCluster(address="auto", devices_per_node=2, device_memory_bytes=16 * MiB, host_memory_bytes=64 * MiB,
                     profile_steps=2) as cluster:
@@ -128,7 +128,7 @@ def test_a_job_migrates_between_nodes_and_is_re_placed_from_its_profile(two_node
 
 def test_node_loss_restores_the_job_from_its_checkpoint(two_nodes, micro_model, tmp_path):
     """Runs last in this module: it removes the worker node."""
-    from plexrl.engines.ray_cluster import RayCluster
+    from plexrl.engines.ray_engine import RayCluster
 
     worker = next(iter(two_nodes.worker_nodes))
     with RayCluster(address="auto", devices_per_node=2, device_memory_bytes=16 * MiB, host_memory_bytes=64 * MiB,

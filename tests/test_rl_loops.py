@@ -14,7 +14,7 @@ from plexrl.rl.job import Job
 from plexrl.rl.rollout import Episode, policy_datum, rollout
 from plexrl.rl.spec import JobSpec
 from plexrl.rl.train import run_job
-from plexrl.runtime.local_cluster import LocalCluster
+from plexrl.engines.local import LocalCluster
 from plexrl.tasks import ToolUseTask
 from plexrl.types import ModelInput, SamplingParams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plexrl.rl import warm_start
 from plexrl.rl.spec import ModelSpec
-from plexrl.runtime.local_cluster import LocalCluster
+from plexrl.engines.local import LocalCluster
 
 SMALL = ModelSpec(hidden_size=32, num_layers=1, num_heads=2)
 

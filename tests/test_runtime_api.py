@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import plexrl
-from tests.helpers import datum
+from tests.helpers import datum, weights
 from plexrl import errors
 
 MiB = 1 << 20
@@ -44,7 +44,7 @@ def test_the_issue_example_runs(cluster, tiny_model):
     saved = trainer.save_state("step-5").result()
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved.path)
     flat = torch.cat([p.detach().reshape(-1) for p in reloaded.parameters()])
-    assert torch.equal(flat, trainer.state.flat_weights())
+    assert torch.equal(flat, weights(cluster, trainer))
     trainer.load_state(saved.path).result()
     metrics = cluster.metrics()
     for key in ("switches", "device_busy_s", "transition_bytes", "transition_s"):
@@ -119,8 +119,9 @@ def test_event_log_records_every_request_and_transition(cluster, tiny_model):
             assert {"kind", "job", "device", "bytes", "seconds", "state"} <= set(e)
         if e["event"] in ("dispatch", "start", "end"):
             assert {"job", "device", "request_id", "fn"} <= set(e)
-    on_disk = [json.loads(line) for line in cluster.telemetry.events.path.read_text().splitlines()]
-    assert on_disk[: len(events)] == events
+    on_disk = [json.loads(line) for line in (cluster.workdir / "events.jsonl").read_text().splitlines()]
+    written = {json.dumps(e, sort_keys=True) for e in on_disk}
+    assert all(json.dumps(e, sort_keys=True) in written for e in events), "every event is in the log file"
 
 
 def test_measured_bandwidth_feeds_the_estimates(cluster):
@@ -153,4 +154,5 @@ def test_a_lone_job_stays_on_the_device_that_holds_its_state(tmp_path, tiny_mode
             trainer.forward_backward([datum([5, 6, 7, 8])], loss_fn="cross_entropy").result()
         devices = {e["device"] for e in c.events() if e["event"] == "start" and e.get("fn") == "forward_backward"}
         assert len(devices) == 1
-        assert c.metrics()["transitions"] == {"load": 1}
+        moved = c.metrics()["transitions"]
+        assert moved["load"] == 1 and "offload" not in moved, moved  # materialize: the write-through of each call

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import transformers
 
 import plexrl
-from tests.helpers import datum
+from tests.helpers import datum, weights
 from plexrl import errors
 from plexrl.runtime.checkpoint import adam_step
 
@@ -113,8 +114,7 @@ def test_adam_step_matches_torch_adamw_on_a_plain_module(tiny_model):
     params = plexrl.AdamParams(learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01)
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as c:
         trainer = c.service_client("job").create_training_client(base_model=tiny_model)
-        reference = trainer.state.module.__class__(trainer.state.module.config)
-        reference.load_state_dict({k: v.clone() for k, v in trainer.state.module.state_dict().items()})
+        reference = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
         optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
                                       weight_decay=0.01, foreach=False)
         batch = [datum([5, 6, 7, 8, 9]), datum([9, 8, 7])]
@@ -126,6 +126,6 @@ def test_adam_step_matches_torch_adamw_on_a_plain_module(tiny_model):
             optimizer.zero_grad()
             forward_backward(reference, batch, "cross_entropy")
             optimizer.step()
-        ours = trainer.state.flat_weights()
+        ours = weights(c, trainer)
         theirs = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import plexrl
-from tests.helpers import datum, rl_job
+from tests.helpers import datum, rl_job, weights
 from plexrl import errors
 
 MiB = 1 << 20
@@ -61,15 +61,15 @@ def replay_budgets(events, device_capacity, host_capacity):
 def test_transparency_multiplexed_equals_alone(tiny_model):
     state_bytes = None
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as alone:
-        solo = rl_job(alone, "job-a", tiny_model, seed=1).state.flat_weights().clone()
-        state_bytes = alone.state_managers[0].states["job-a/policy"].device_bytes
+        trainer = rl_job(alone, "job-a", tiny_model, seed=1)
+        solo, state_bytes = weights(alone, trainer), trainer.state.device_bytes
     # Room for one trainer and one snapshot per device: three jobs must keep switching.
     budget = state_bytes + state_bytes // 4 + 4096
     with plexrl.LocalCluster(devices=2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as shared:
         results = {}
 
         def run(job, seed):
-            results[job] = rl_job(shared, job, tiny_model, seed).state.flat_weights().clone()
+            results[job] = weights(shared, rl_job(shared, job, tiny_model, seed))
 
         threads = [threading.Thread(target=run, args=(j, s))
                    for j, s in (("job-a", 1), ("job-b", 2), ("job-c", 3))]
@@ -101,12 +101,12 @@ def test_isolation_one_job_cannot_touch_another(tiny_model):
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as c:
         a = c.service_client("job-a").create_training_client(base_model=tiny_model)
         b = c.service_client("job-b").create_training_client(base_model=tiny_model)
-        a_weights = a.state.flat_weights().clone()
+        a_weights = weights(c, a)
         for _ in range(3):
             b.forward_backward([datum([5, 6, 7, 8])]).result()
             b.optim_step(plexrl.AdamParams(learning_rate=0.1)).result()
-        assert torch.equal(a.state.flat_weights(), a_weights)
-        assert not torch.equal(b.state.flat_weights(), a_weights)
+        assert torch.equal(weights(c, a), a_weights)
+        assert not torch.equal(weights(c, b), a_weights)
         assert a.state.job == "job-a" and b.state.job == "job-b"
         touched = {e["job"] for e in c.events() if a.model_id in (e.get("model"), e.get("state"))}
         assert touched == {"job-a"}

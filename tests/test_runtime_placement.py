@@ -12,7 +12,7 @@ import torch
 import plexrl
 from plexrl import errors
 from plexrl.policy import JobProfile, ModelMemory
-from tests.helpers import datum
+from tests.helpers import datum, weights
 from tests.helpers import rl_job
 
 MiB = 1 << 20
@@ -39,7 +39,7 @@ def test_complementary_jobs_share_a_group_with_disjoint_busy_slots(tiny_model):
         waited = time.perf_counter() - t0
         placement = c.metrics()["placement"]
         assert placement["a"]["group"] == placement["b"]["group"], "packed onto one group"
-        assert placement["b"]["score"] == 0 and c.placer.placer.overload_s() < 1e-9, "busy slots disjoint"
+        assert placement["b"]["score"] == 0 and c.control.target.placer.placer.overload_s() < 1e-9, "busy slots disjoint"
         assert placement["a"]["phase_shift_s"] < 0.05 <= placement["b"]["phase_shift_s"]
         assert waited >= placement["b"]["phase_shift_s"] - 0.01, "the job starts after its phase shift"
         trainer = b.create_training_client(base_model=tiny_model)
@@ -103,12 +103,13 @@ def test_migration_moves_states_and_changes_no_result(tiny_model):
                 trainer.forward_backward([datum([5, 6, 7, 8, 9])]).result()
                 trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result()
             events = c.events()
-            return trainer.state.flat_weights().clone(), c.metrics(), events
+            return weights(c, trainer), c.metrics(), events
 
     still, _, _ = run(False)
     moved, metrics, events = run(True)
     assert torch.equal(still, moved), "a migration must not change the job's results"
     assert metrics["migrations"] == 1
-    kinds = [(e["kind"], e["node"]) for e in events if e["event"] == "transition" and e["state"] == "job/policy"]
-    spill = kinds.index(("spill", 0)) if ("spill", 0) in kinds else kinds.index(("spill", 1))
-    assert kinds[spill + 1][0] == "restore" and kinds[spill + 1][1] != kinds[spill][1]
+    moves = [e for e in events if e["event"] in ("state_added", "state_removed", "migration")
+             and (e.get("state") == "job/policy" or e["event"] == "migration")]
+    assert [e["event"] for e in moves] == ["state_added", "state_removed", "migration", "state_added"], moves
+    assert moves[0]["node"] == moves[1]["node"] == moves[2]["source"] != moves[3]["node"] == moves[2]["target"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import queue
+import tempfile
 import threading
 import time
 
@@ -19,28 +20,31 @@ from plexrl.bench.common import emit, median, percentile
 from plexrl.policy import Policy, ReadyQueue, choose, offload_estimate
 
 
-def noop_overhead_ms(n: int) -> tuple[float, float]:
-    import torch
+def noop_overhead_ms(cluster, state, n: int) -> tuple[float, float]:
+    """(awaited one at a time, pipelined) milliseconds per no-op call on a resident `state`."""
+    cluster.submit(state, "noop", None).result()  # warm: the state is resident now
+    t0 = time.perf_counter()
+    for _ in range(n):
+        cluster.submit(state, "noop", None).result()
+    latency = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    futures = [cluster.submit(state, "noop", None) for _ in range(n)]
+    for future in futures:
+        future.result()
+    pipelined = (time.perf_counter() - t0) / n
+    return latency * 1e3, pipelined * 1e3
 
-    from plexrl.runtime.local_cluster import LocalCluster
-    from plexrl.runtime.state import ModelState
 
-    with LocalCluster(devices=1, device_memory_bytes=1 << 20, host_memory_bytes=1 << 24) as cluster:
-        state = ModelState("bench/noop", "bench", "noop", torch.nn.Linear(8, 8), trainable=False, source="synthetic")
-        cluster.router.assign("bench", 0)
-        cluster.state_managers[0].add(state)
-        cluster.router.bind(state.state_id, 0)
-        cluster.submit(state, "noop", {}).result()  # warm: the state is now resident
-        t0 = time.perf_counter()
-        for _ in range(n):
-            cluster.submit(state, "noop", {}).result()
-        latency = (time.perf_counter() - t0) / n
-        t0 = time.perf_counter()
-        futures = [cluster.submit(state, "noop", {}) for _ in range(n)]
-        for f in futures:
-            f.result()
-        throughput = (time.perf_counter() - t0) / n
-    return latency * 1e3, throughput * 1e3
+def local_noop_overhead_ms(n: int) -> tuple[float, float]:
+    """The local engine's no-op figures, on a frozen micro model (the call's size is nil)."""
+    from plexrl.engines.local import LocalCluster
+    from plexrl.models.tiny import make_tiny_model
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = make_tiny_model(f"{folder}/micro", seed=0, hidden_size=16, num_layers=1, num_heads=2)
+        with LocalCluster(devices=1, device_memory_bytes=16 << 20, host_memory_bytes=64 << 20) as cluster:
+            frozen = cluster.service_client("bench").create_sampling_client(model)
+            return noop_overhead_ms(cluster, frozen.state, n)
 
 
 def thread_handoff_ms(n: int) -> float:
@@ -84,7 +88,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--queued", type=int, default=1000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    latency_ms, pipelined_ms = noop_overhead_ms(args.requests)
+    latency_ms, pipelined_ms = local_noop_overhead_ms(args.requests)
     handoff_ms = thread_handoff_ms(args.requests)
     decisions = decision_us(args.queued, 2000)
     result = {

@@ -1,13 +1,14 @@
-"""Engines host the runtime's component classes somewhere other than one process (DESIGN §8).
+"""Engines host the one runtime (plexrl/runtime/front.py) somewhere (DESIGN §8); they never
+re-implement a piece. Importing this package imports neither torch nor Ray; each engine is
+loaded on first use, and only the Ray engine imports Ray.
 
-`ray_*` modules: the Ray engine. Importing this package does not import Ray; `RayCluster` is
-loaded on first use so CPU-only installs without a Ray cluster can still import plexrl.engines.
+- "local": `LocalCluster`, one process, device workers on the nodes' threads;
+- "process": `ProcessCluster`, an OS process per device on this machine (no Ray);
+- "ray": `RayCluster`, a Ray actor per device, per node and for the control plane, across machines.
 
 `session(engine, devices)` and `open_cluster(engine, ...)` are how commands (`plexrl demo`,
-`plexrl run`) pick an engine by name; the same jobs run on
-- "local": `LocalCluster`, one process, a thread per device (the single-process core);
-- "process": `ProcessCluster`, an OS process per device on this machine (no Ray);
-- "ray": `RayCluster`, a Ray actor per device and per node, across machines.
+`plexrl run`) pick an engine by name. A fourth engine is a module here with a `Front` subclass
+that says where each piece runs (`_host_worker`, `_host_node`, `_host_control`).
 """
 
 from __future__ import annotations
@@ -15,28 +16,32 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["ENGINES", "ProcessCluster", "RayCluster", "open_cluster", "session"]
+__all__ = ["ENGINES", "LocalCluster", "ProcessCluster", "RayCluster", "open_cluster", "session"]
 
-ENGINES = ("local", "process", "ray")
+ENGINES = {"local": ("plexrl.engines.local", "LocalCluster"),
+           "process": ("plexrl.engines.process", "ProcessCluster"),
+           "ray": ("plexrl.engines.ray_engine", "RayCluster")}
+
+
+def engine_class(engine: str) -> type:
+    import importlib
+
+    module, name = ENGINES[check_engine(engine)]
+    return getattr(importlib.import_module(module), name)
 
 
 def __getattr__(name: str):
-    if name == "RayCluster":
-        from plexrl.engines.ray_cluster import RayCluster
-
-        return RayCluster
-    if name == "ProcessCluster":
-        from plexrl.engines.process_cluster import ProcessCluster
-
-        return ProcessCluster
+    for engine, (_, cls) in ENGINES.items():
+        if cls == name:
+            return engine_class(engine)
     raise AttributeError(f"module 'plexrl.engines' has no attribute {name!r}")
 
 
 def add_engine_option(parser) -> None:
     """`--engine NAME` for a command that opens clusters (argparse)."""
-    parser.add_argument("--engine", default="process", choices=ENGINES,
-                        help="process: a process per device (default); local: one process, a thread per "
-                             "device; ray: Ray actors per device and node")
+    parser.add_argument("--engine", default="process", choices=list(ENGINES),
+                        help="process: a process per device (default); local: one process, device workers on "
+                             "threads; ray: Ray actors per device and node")
 
 
 def check_engine(engine: str) -> str:
@@ -71,18 +76,9 @@ def session(engine: str, devices: int) -> Iterator[None]:
             ray.shutdown()
 
 
-def open_cluster(engine: str, devices: int, **options):
-    """A cluster of `devices` devices on one node group, on the named engine. `options`: what
-    both engines take (device_memory_bytes, host_memory_bytes, policy, workdir, ...)."""
-    check_engine(engine)
-    if engine == "local":
-        from plexrl.runtime.local_cluster import LocalCluster
-
-        return LocalCluster(devices=devices, **options)
-    if engine == "process":
-        from plexrl.engines.process_cluster import ProcessCluster
-
-        return ProcessCluster(devices=devices, **options)
-    from plexrl.engines.ray_cluster import RayCluster
-
-    return RayCluster(nodes=1, devices_per_node=devices, **options)
+def open_cluster(engine: str, devices: int, **settings):
+    """A cluster of `devices` devices on one node group, on the named engine; `settings`:
+    runtime.config.ClusterConfig's (device_memory_bytes, host_memory_bytes, policy, workdir, ...)."""
+    if check_engine(engine) == "ray":
+        return engine_class(engine)(nodes=1, devices_per_node=devices, **settings)
+    return engine_class(engine)(devices=devices, **settings)

@@ -1,15 +1,16 @@
-"""Where an engine's components run: Ray actors, or (without Ray) OS processes and threads.
+"""Where the runtime's pieces run without Ray: OS processes, threads, or the caller's thread.
 
-The engine's classes (`RayNode`, `DeviceWorker`) are written once; a *handle* says how they are
+The pieces (`Node`, `DeviceWorker`, `Control`) are written once; a *handle* says how they are
 reached. All handles look like Ray actor handles: `handle.method.remote(*args)` returns a
-reference, `get(ref)` waits for it, `as_future(ref)` gives a `concurrent.futures.Future`.
+`concurrent.futures.Future` (runtime/remote.py waits for any reference).
 
-- a Ray actor handle: the Ray engine (`RayCluster`), across nodes;
 - `ProcessActor`: the object lives in its own OS process, calls cross a socket pair — the
   process engine's device workers, so that each device computes in parallel with every other
   one and with the job controllers, free of the driver's interpreter lock;
-- `ThreadActor`: the object lives in this process; each call runs on a thread (a node runtime
-  in the process engine, whose calls block while queued, like a threaded Ray actor).
+- `ThreadActor`: the object lives in this process; each call runs on a thread of a pool (nodes
+  and the control plane, whose calls may block while queued, like a threaded Ray actor);
+- `InlineActor`: the object lives in this process; a call runs on the caller's thread (the
+  local engine's device workers: the node's dispatcher thread is the device's thread).
 
 Failure semantics of `ProcessActor` mirror a Ray actor with `max_restarts=-1`: when its process
 dies, every call in flight fails with `WorkerGone` and a new process is started with the same
@@ -30,9 +31,7 @@ from typing import Any
 
 import cloudpickle
 
-
-class WorkerGone(RuntimeError):
-    """The process hosting an actor died while a call was in flight (or before it was sent)."""
+from plexrl.runtime.remote import WorkerGone
 
 
 class _Method:
@@ -62,6 +61,30 @@ class ThreadActor:
 
     def kill(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class InlineActor:
+    """`obj` in this process; a call runs at once on the caller's thread."""
+
+    def __init__(self, obj: Any, name: str):
+        self.target = obj
+        self.name = name
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Method(self._run, name)
+
+    def _run(self, name: str, args: tuple) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(getattr(self.target, name)(*args))
+        except Exception as exc:  # the caller's error, as from any other host
+            future.set_exception(exc)
+        return future
+
+    def kill(self) -> None:
+        pass
 
 
 class ProcessActor:
@@ -159,33 +182,6 @@ def _serve(conn: Connection) -> None:
             data = pickle.dumps((call_id, False, RuntimeError(f"{name} returned something that cannot be "
                                                               f"sent back: {type(exc).__name__}: {exc}")))
         conn.send_bytes(data)
-
-
-# -- what engine code calls, whatever the handle ----------------------------------------------------
-def get(ref: Any, timeout: float | None = None) -> Any:
-    """The value of a reference (or of each in a list), waiting for it."""
-    if isinstance(ref, list):
-        return [get(r, timeout) for r in ref]
-    if isinstance(ref, Future):
-        return ref.result(timeout)
-    import ray
-
-    return ray.get(ref, timeout=timeout)
-
-
-def as_future(ref: Any):
-    """Something with `add_done_callback` whose argument has `.result()`: a Future or APIFuture
-    as it is, a Ray reference's future."""
-    return ref if hasattr(ref, "add_done_callback") else ref.future()
-
-
-def kill(handle: Any) -> None:
-    if isinstance(handle, (ProcessActor, ThreadActor)):
-        handle.kill()
-        return
-    import ray
-
-    ray.kill(handle)
 
 
 if __name__ == "__main__":  # a ProcessActor's child: python -m plexrl.engines.hosting FD

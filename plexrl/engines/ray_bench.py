@@ -25,7 +25,7 @@ import ray
 import plexrl
 from plexrl import errors
 from plexrl.bench import dispatch
-from plexrl.engines.ray_shm import node_folder
+from plexrl.runtime.host_buffers import node_folder
 
 
 class _Echo:
@@ -61,20 +61,6 @@ def bare_ray_ms(n: int) -> tuple[float, float]:
     return one, two
 
 
-def noop_overhead_ms(cluster, state, n: int) -> tuple[float, float]:
-    cluster.submit(state, "noop", None).result()  # warm: the state is resident now
-    t0 = time.perf_counter()
-    for _ in range(n):
-        cluster.submit(state, "noop", None).result()
-    latency = (time.perf_counter() - t0) / n
-    t0 = time.perf_counter()
-    futures = [cluster.submit(state, "noop", None) for _ in range(n)]
-    for future in futures:
-        future.result()
-    pipelined = (time.perf_counter() - t0) / n
-    return latency * 1e3, pipelined * 1e3
-
-
 def recovery_s(trainer, datum) -> float:
     """Seconds from a worker's death (inside a call) to the job's next successful step."""
 
@@ -97,7 +83,7 @@ def node_loss_s(model_dir: str) -> float:
     the other node from its checkpoint (2 simulated nodes x 2 logical GPUs, a shared folder)."""
     from ray.cluster_utils import Cluster
 
-    from plexrl.engines.ray_cluster import RayCluster
+    from plexrl.engines.ray_engine import RayCluster
     from plexrl.policy import JobProfile, ModelMemory
 
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2, "include_dashboard": False,
@@ -139,20 +125,20 @@ def node_loss_s(model_dir: str) -> float:
 
 
 def run(model_dir: str, n: int = 200) -> dict:
-    from plexrl.engines.ray_cluster import RayCluster
+    from plexrl.engines.ray_engine import RayCluster
 
     with RayCluster(devices_per_node=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20) as cluster:
         trainer = cluster.service_client(job="bench").create_training_client(base_model=model_dir)
-        latency, pipelined = noop_overhead_ms(cluster, trainer.state, n)
+        latency, pipelined = dispatch.noop_overhead_ms(cluster, trainer.state, n)
         bare, chain = bare_ray_ms(n)
         datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
         recovery = recovery_s(trainer, datum)
-    from plexrl.engines.process_cluster import ProcessCluster
+    from plexrl.engines.process import ProcessCluster
 
     with ProcessCluster(devices=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20) as cluster:
         trainer = cluster.service_client(job="bench").create_training_client(base_model=model_dir)
-        process_latency, process_pipelined = noop_overhead_ms(cluster, trainer.state, n)
-    local_latency, local_pipelined = dispatch.noop_overhead_ms(n)
+        process_latency, process_pipelined = dispatch.noop_overhead_ms(cluster, trainer.state, n)
+    local_latency, local_pipelined = dispatch.local_noop_overhead_ms(n)
     ray.shutdown()
     lost_node = node_loss_s(model_dir)
     return {"node_loss_to_next_step_s": lost_node, "requests": n, "ray_noop_latency_ms": latency, "ray_noop_pipelined_ms": pipelined,

@@ -71,7 +71,7 @@ def warm_model(task: str, model: ModelSpec, steps: int | None = None, root: Path
 
 def build(task_name: str, model: ModelSpec, steps: int, workdir: Path) -> Path:
     """Make the random model, train it `steps` SFT steps, return its save_state copy in `workdir`."""
-    from plexrl.runtime.local_cluster import LocalCluster  # the runtime is only needed to build
+    from plexrl.engines.local import LocalCluster  # the runtime is only needed to build
 
     initial = make_tiny_model(workdir / "initial", seed=model.seed, hidden_size=model.hidden_size,
                               num_layers=model.num_layers, num_heads=model.num_heads)

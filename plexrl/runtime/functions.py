@@ -1,28 +1,43 @@
-"""The function API as data: every call is (function name, payload), run against one model state.
+"""The function API as data: every call is a `Request(fn, payload)` run against one model state.
 
-Clients build payloads (plain Python, numpy, the Tinker-like types; custom losses as callables);
-engines decide where a function runs — a worker thread here, a worker actor on Ray — and call
-`execute`. Functions that need no device (`needs_device=False`) read and write the state's
-authoritative copy wherever it lives; `mutates` marks the ones that change it.
+Each function is declared once, here: what it runs, *where* — on a device worker with the state
+resident in its arena (`Where.DEVICE`), or on the node from the state's host copy, which
+write-through keeps current (`Where.NODE`) — and whether it changes the state (`mutates`).
+Clients build payloads (plain Python, numpy, the Tinker-like types; custom losses as callables,
+which cross process boundaries by cloudpickle). Every engine runs the same table.
+
+Node functions that produce something the front must route (a weight sync's snapshot) return
+it as data; the node itself carries out what spans states (`sync_weights`, see node.py).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from plexrl.api import errors
+from plexrl.api.types import LoadStateResponse, OptimStepResponse, SaveStateResponse
 from plexrl.backends import execution
 from plexrl.runtime import checkpoint
 from plexrl.runtime.state import ModelState
-from plexrl.types import LoadStateResponse, OptimStepResponse
+
+
+class Where(enum.Enum):
+    DEVICE = "device"  # on a worker, the state resident in its arena
+    NODE = "node"  # on the node's I/O threads, on the host copy
 
 
 @dataclass(frozen=True)
 class Function:
-    run: Callable[..., Any]  # run(state, **payload)
-    needs_device: bool = True
+    run: Callable[..., Any] | None  # run(state, **payload); None: the node carries it out itself
+    where: Where = Where.DEVICE
     mutates: bool = False
+
+    @property
+    def needs_device(self) -> bool:
+        return self.where is Where.DEVICE
 
 
 def _sample(s: ModelState, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs):
@@ -34,9 +49,18 @@ def _forward_backward(s: ModelState, data, loss_fn, loss_fn_config, backward):
     return execution.forward_backward(s.module, data, loss_fn, loss_fn_config, backward=backward)
 
 
-def _load_state(s: ModelState, path, with_optimizer) -> LoadStateResponse:
+def _save_state(s: ModelState, path: str, with_optimizer: bool) -> tuple[SaveStateResponse, int]:
+    """The response and the bytes written (the node records the materialization)."""
+    return SaveStateResponse(str(path)), checkpoint.save_state(s, Path(path), with_optimizer)
+
+
+def _load_state(s: ModelState, path: str, with_optimizer: bool) -> LoadStateResponse:
     checkpoint.load_state(s, Path(path), with_optimizer)
     return LoadStateResponse(str(path))
+
+
+def _read_weights(s: ModelState):
+    return s.flat_weights().detach().cpu().numpy().copy()
 
 
 FUNCTIONS: dict[str, Function] = {
@@ -45,20 +69,20 @@ FUNCTIONS: dict[str, Function] = {
     "forward_backward": Function(_forward_backward, mutates=True),
     "forward": Function(_forward_backward),
     "optim_step": Function(lambda s, params: OptimStepResponse(checkpoint.adam_step(s, params)), mutates=True),
-    "load_state": Function(_load_state, needs_device=False, mutates=True),
     "noop": Function(lambda s: None),  # the whole request path and nothing else (benchmarks)
+    "save_state": Function(_save_state, Where.NODE),
+    "load_state": Function(_load_state, Where.NODE, mutates=True),
+    "read_weights": Function(_read_weights, Where.NODE),  # a copy of the weights, flat float32 (tests, tools)
+    "sync_weights": Function(None, Where.NODE),  # makes or updates a sampler snapshot: node.py
 }
-# Engine-level functions: their effect reaches beyond one state, so each engine runs them itself.
-# save_state: a materialization the StateManager times; sync_weights: makes or updates a snapshot.
-ENGINE_FUNCTIONS = {"save_state": Function(None, needs_device=False),
-                    "sync_weights": Function(None, needs_device=False)}
 
 
 def spec(fn: str) -> Function:
+    """The declaration of `fn`; InvalidInput naming the served functions if there is none."""
     try:
-        return FUNCTIONS[fn] if fn in FUNCTIONS else ENGINE_FUNCTIONS[fn]
+        return FUNCTIONS[fn]
     except KeyError:
-        raise KeyError(f"unknown function {fn!r}; expected one of {sorted([*FUNCTIONS, *ENGINE_FUNCTIONS])}") from None
+        raise errors.InvalidInput(f"function {fn!r} is not served; expected one of {sorted(FUNCTIONS)}") from None
 
 
 def execute(fn: str, state: ModelState, payload: dict[str, Any]) -> Any:

@@ -1,24 +1,21 @@
-"""The router: maps each model state to the worker group holding it and forwards requests there.
+"""The router's tables: job -> node group, model state -> node group, trainer -> latest sampler.
 
-Stateless apart from the placement table it is given (decisions come from the Placer); a state
-never leaves its group (affinity) unless a migration re-binds it.
+Held by the control plane (decisions come from the Placer); fronts cache them and send each call
+straight to its state's node. A state never leaves its group (affinity) unless a migration or a
+recovery re-binds it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 
-from plexrl.runtime.scheduler import GroupScheduler, Request
 
 
 class Router:
-    def __init__(self, groups: list[GroupScheduler]):
-        self.groups = groups
+    def __init__(self):
         self._job_group: dict[str, int] = {}
         self._state_group: dict[str, int] = {}
         self._samplers: dict[tuple[str, str], str] = {}
-        self._versions: dict[tuple[str, str], int] = defaultdict(int)
         self._lock = threading.Lock()
 
     def assign(self, job: str, group: int) -> None:
@@ -47,9 +44,6 @@ class Router:
     def group_of(self, state_id: str) -> int | None:
         return self._state_group.get(state_id)
 
-    def route(self, request: Request) -> None:
-        self.groups[self._state_group[request.state_id]].submit(request)
-
     # Sampler snapshots of trainable models (weight sync targets).
     def sampler(self, trainer_id: str, name: str) -> str | None:
         return self._samplers.get((trainer_id, name))
@@ -62,8 +56,3 @@ class Router:
     def set_sampler(self, trainer_id: str, name: str, state_id: str) -> None:
         with self._lock:
             self._samplers[(trainer_id, name)] = state_id
-
-    def next_version(self, trainer_id: str, name: str) -> int:
-        with self._lock:
-            self._versions[(trainer_id, name)] += 1
-            return self._versions[(trainer_id, name)]

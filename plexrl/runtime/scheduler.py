@@ -1,10 +1,12 @@
 """The group scheduler: one queue for the jobs placed on a worker group (DESIGN §5).
 
 Each model state has a FIFO of requests (calls of one model run in submission order); only its
-head is *ready*. A free worker asks `next_for(device)`; the policy picks among the ready heads,
-the StateManager plans and claims the transitions, and the worker runs them and the function.
-Requests that need no device (save/load state, weight sync) run on the node's I/O threads as
-soon as they reach the head of their FIFO.
+head is *ready*. A free device's dispatcher asks `next_for(device)`; the policy picks among the
+ready heads, the StateManager plans and claims the transitions, and the node runs the step
+(node.py). Requests for node functions (functions.Where.NODE: save/load state, weight sync) run
+on the node's I/O threads as soon as they reach the head of their FIFO, through the same step.
+
+The scheduler and the node's StateManager share one lock (`cond`, made by the node).
 
 Invariants: at most one request per model state is in flight; every submitted request is
 completed or failed exactly once, also when the cluster closes (its future gets ClusterClosed).
@@ -13,15 +15,14 @@ completed or failed exactly once, also when the cluster closes (its future gets 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from plexrl import errors
-from plexrl.policy import LoadPlan, NoFit, Policy, ReadyQueue, Tier, choose, offload_estimate
+from plexrl.api import errors
 from plexrl.api.futures import APIFuture
-from plexrl.runtime.state import ModelState
+from plexrl.policy import GroupQueue, LoadPlan, NoFit, Policy, Tier, choose, offload_estimate
+from plexrl.runtime.functions import FUNCTIONS, Function
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
 
@@ -30,19 +31,26 @@ _RETRY_S = 0.002  # re-check period while every candidate waits on a state in tr
 
 @dataclass
 class Request:
+    """One call: data only (what runs it is `functions.FUNCTIONS[fn]`)."""
+
     id: int
     job: str
     state_id: str
     fn: str
-    run: Callable[[ModelState], Any]
+    payload: dict[str, Any]
     future: APIFuture
     arrival_s: float
-    needs_device: bool = True
-    mutates: bool = False
-    seq: int = field(default=0)
+    seq: int = 0
+
+    @property
+    def function(self) -> Function:
+        return FUNCTIONS[self.fn]
 
 
 class GroupScheduler:
+    """The node group's queue (a pure `plexrl.policy.GroupQueue`) with the threads and the lock a
+    runtime needs: dispatchers block in `next_for`, node functions run on an I/O pool."""
+
     def __init__(
         self,
         group: int,
@@ -50,24 +58,26 @@ class GroupScheduler:
         state_manager: StateManager,
         policy: Policy,
         telemetry: Telemetry,
+        cond: threading.Condition,
+        run_on_node: Callable[[Request, LoadPlan], None],
         io_threads: int = 2,
     ):
+        """`run_on_node(request, plan)`: the node's step for a node function, called on an I/O
+        thread with the state claimed; it must `complete` the request."""
         self.group = group
         self.devices = devices
         self.sm = state_manager
         self.policy = policy
         self.telemetry = telemetry
-        self._cond = state_manager.changed
-        self._fifos: dict[str, deque[Request]] = {}
-        self._ready = ReadyQueue()
-        self._parked: set[str] = set()  # ready heads whose state is being moved by someone else
-        self._idle: set[int] = set()  # devices whose worker waits in next_for (affinity, see policy.choose)
+        self._cond = cond
+        self._run_on_node = run_on_node
+        self._queue: GroupQueue[Request] = GroupQueue()
+        self._idle: set[int] = set()  # devices whose dispatcher waits in next_for (affinity, see policy.choose)
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix=f"plexrl-io-g{group}")
         self._closed = False
-        self._retiring: dict[str, Callable[[], None]] = {}
 
     def pending(self, state_id: str) -> int:
-        return len(self._fifos.get(state_id, ()))
+        return self._queue.pending(state_id)
 
     # -- submission and completion -------------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -79,47 +89,49 @@ class GroupScheduler:
                 request.future.set_exception(errors.UnknownModel(
                     f"model {request.state_id!r} no longer exists on this cluster (a retired sampler snapshot?)"))
                 return
-            fifo = self._fifos.setdefault(request.state_id, deque())
-            fifo.append(request)
             self.telemetry.events.emit(
                 request.arrival_s, "arrival", request_id=request.id, job=request.job,
                 model=request.state_id, fn=request.fn, group=self.group,
             )
-            if len(fifo) == 1:
-                self._make_ready(request)
+            self._new_head(self._queue.push(request.state_id, request))
             self._cond.notify_all()
 
-    def complete(self, request: Request) -> None:
+    def complete(self, request: Request, failure: BaseException | None = None) -> None:
+        """The head `request` is done. After a retriable `failure` the calls of the same model
+        queued behind it fail too (retriably): they were submitted expecting it to succeed."""
         with self._cond:
-            fifo = self._fifos[request.state_id]
-            assert fifo[0] is request, "completed a request that was not the head of its model's queue"
-            fifo.popleft()
-            if fifo:
-                self._make_ready(fifo[0])
-            else:
-                del self._fifos[request.state_id]
+            assert self._queue.head(request.state_id) is request, "completed a request that was not its model's head"
+            following = self._queue.complete(request.state_id)
+            while following is not None and failure is not None and failure.retriable:
+                self._fail(following, _behind(failure, following), self._queue.fail)
+                following = self._queue.head(request.state_id)
+            self._new_head(following)
+            if following is None:
                 self._drop_if_retired(request.state_id)
             self._cond.notify_all()
 
-    def retire(self, state_id: str, remove) -> None:
+    def retire(self, state_id: str, remove: Callable[[], None]) -> None:
         """Remove a state once nothing is queued for it (superseded sampler snapshots)."""
         with self._cond:
-            self._retiring[state_id] = remove
+            self._queue.retire(state_id, remove)
             self._drop_if_retired(state_id)
 
     def _drop_if_retired(self, state_id: str) -> None:
         state = self.sm.states.get(state_id)
-        if state_id in self._retiring and state_id not in self._fifos and state is not None and not state.busy:
-            self._retiring.pop(state_id)()
+        if state is not None and not state.busy and self._queue.drained(state_id):
+            self._queue.take_retired(state_id)()
 
-    def _make_ready(self, request: Request) -> None:
-        if self._closed:
+    def _new_head(self, request: Request | None) -> None:
+        """A request became its model's head: a node function starts on the I/O pool, a device
+        function becomes a candidate for the policy."""
+        if request is None or self._closed:
             return
-        if not request.needs_device:
-            self._io.submit(self._run_io, request)
+        if not request.function.needs_device:
+            self._queue.start(request.state_id)
+            self._io.submit(self._serve_io, request)
             return
         state = self.sm.states[request.state_id]
-        self._ready.add(
+        self._queue.make_ready(
             request.state_id,
             arrival=request.arrival_s,
             est=self.telemetry.estimate(request.state_id, request.fn),
@@ -139,35 +151,36 @@ class GroupScheduler:
                     picked = self._pick(device)
                     if picked is not None:
                         return picked
-                    self._cond.wait(_RETRY_S if self._parked else None)
+                    self._cond.wait(_RETRY_S if self._queue.parked() else None)
                 return None
             finally:
                 self._idle.discard(device)
 
     def _pick(self, device: int) -> tuple[Request, LoadPlan] | None:
-        self._unpark()
-        while len(self._ready):
-            now = self.telemetry.now()
+        for _, head in self._queue.unpark(lambda sid: self.sm.states[sid].busy):
+            self._new_head(head)
+        ready = self._queue.ready
+        while len(ready):
             free = self.sm.arenas[device].capacity_bytes - self.sm.resident_bytes(device)
-            offload_s = offload_estimate(self._ready, free, self.telemetry.bytes_per_s("offload"))
-            state_id = choose(self.policy, self._ready, device, offload_s, now, self._idle)
+            offload_s = offload_estimate(ready, free, self.telemetry.bytes_per_s("offload"))
+            state_id = choose(self.policy, ready, device, offload_s, self.telemetry.now(), self._idle)
             if state_id is None:  # every ready request belongs to another idle device: wake it
                 self._cond.notify_all()
                 return None
-            request = self._fifos[state_id][0]
             if self.sm.states[state_id].busy:
-                self._park(state_id)
+                self._queue.park(state_id)
                 continue
-            plan = self.sm.prepare(state_id, device, request.job)
+            plan = self.sm.prepare(state_id, device, self._queue.head(state_id).job, self.pending)
             if isinstance(plan, NoFit):
                 if self._hopeless():
-                    self._ready.remove(state_id)
-                    self._fail_now(request, errors.StateTooLarge(plan.reason))
+                    self._fail(self._queue.head(state_id), errors.StateTooLarge(plan.reason), self._fail_head)
                 else:
-                    self._park(state_id)
+                    self._queue.park(state_id)
                 continue
-            self._ready.remove(state_id)
-            self._mark_residency(plan)
+            request = self._queue.dispatch(state_id)
+            for t in plan.transitions:  # keep the candidates' residency right for the states this plan moves
+                if t.state_id in ready:
+                    ready.set_resident(t.state_id, -1)
             return request, plan
         return None
 
@@ -175,87 +188,57 @@ class GroupScheduler:
         """Nothing in transit on the node: waiting cannot make room."""
         return not any(s.busy for s in self.sm.states.values())
 
-    def _park(self, state_id: str) -> None:
-        self._ready.remove(state_id)
-        self._parked.add(state_id)
+    def _fail_head(self, state_id: str) -> None:
+        self._new_head(self._queue.fail(state_id))
 
-    def _unpark(self) -> None:
-        for state_id in [s for s in self._parked if not self.sm.states[s].busy]:
-            self._parked.discard(state_id)
-            self._make_ready(self._fifos[state_id][0])
-
-    def _mark_residency(self, plan: LoadPlan) -> None:
-        """Keep the ready queue's `resident_on` right for the states this plan moves."""
-        for t in plan.transitions:
-            if t.state_id in self._ready:
-                self._ready.set_resident(t.state_id, -1)
-
-    def _fail_now(self, request: Request, exc: BaseException) -> None:
+    def _fail(self, request: Request, exc: BaseException, leave: Callable[[str], object]) -> None:
+        """Fail a request that never ran: logged as an end, out of the queue (`leave`), future resolved."""
         self.telemetry.failed(request.job)
         self.telemetry.events.emit(
             self.telemetry.now(), "end", request_id=request.id, job=request.job, model=request.state_id,
             fn=request.fn, device=None, ok=False, error=type(exc).__name__,
         )
+        leave(request.state_id)
         request.future.set_exception(exc)
-        fifo = self._fifos[request.state_id]
-        fifo.popleft()
-        if fifo:
-            self._make_ready(fifo[0])
-        else:
-            del self._fifos[request.state_id]
 
-    # -- requests that need no device ------------------------------------------------------------
-    def _run_io(self, request: Request) -> None:
+    # -- requests for node functions --------------------------------------------------------------
+    def _serve_io(self, request: Request) -> None:
+        """Wait until the state (and the host room a restore needs) is free, then run the node's step."""
         with self._cond:
             while True:
                 state = self.sm.states[request.state_id]
-                plan = None if state.busy else self.sm.prepare(request.state_id, None, request.job)
+                plan = None if state.busy else self.sm.prepare(request.state_id, None, request.job, self.pending)
                 in_use = any(s.busy for s in self.sm.states.values())
                 if self._closed or not (plan is None or (isinstance(plan, NoFit) and in_use)):
                     break
                 self._cond.wait(_RETRY_S)  # the state, or the host room it needs, is in use
-        if plan is None:
-            plan = NoFit("the cluster closed while this call waited")
-        if isinstance(plan, NoFit):
-            self.telemetry.failed(request.job)
-            self.complete(request)
-            closed = errors.ClusterClosed("the cluster closed before this call ran")
-            request.future.set_exception(closed if self._closed else errors.StateTooLarge(plan.reason))
+        if isinstance(plan, LoadPlan):
+            self._run_on_node(request, plan)
             return
-        self.telemetry.events.emit(self.telemetry.now(), "start", request_id=request.id, job=request.job,
-                                   model=request.state_id, fn=request.fn, device=None)
-        result, error = None, None
-        try:
-            state = self.sm.states[request.state_id]
-            result = request.run(state)
-            if request.mutates and state.tier is Tier.DEVICE:
-                state.dirty = True
-        except Exception as exc:  # delivered to the caller; the cluster carries on
-            error = as_user_error(exc, request)
-            self.telemetry.failed(request.job)
-        finally:
-            self.telemetry.events.emit(
-                self.telemetry.now(), "end", request_id=request.id, job=request.job,
-                model=request.state_id, fn=request.fn, device=None, ok=error is None,
-            )
-            self.sm.release(plan, self.telemetry.now())
-            self.complete(request)
-        if error is not None:
-            request.future.set_exception(error)
+        self.telemetry.failed(request.job)
+        self.complete(request)
+        if self._closed:
+            request.future.set_exception(errors.ClusterClosed("the cluster closed before this call ran"))
         else:
-            request.future.set_result(result)
+            request.future.set_exception(errors.StateTooLarge(plan.reason if plan is not None else "no room"))
 
     # -- shutdown ------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Fail every queued request (in-flight ones finish) and wake the workers so they exit."""
+        """Fail every queued request (in-flight ones finish) and wake the dispatchers so they exit."""
         with self._cond:
             self._closed = True
-            for state_id, fifo in self._fifos.items():
-                in_flight = state_id not in self._ready and state_id not in self._parked
-                for request in list(fifo)[1 if in_flight else 0 :]:
+            for _, request, in_flight in self._queue.items():
+                if not in_flight:
                     request.future.set_exception(errors.ClusterClosed("the cluster closed before this call ran"))
             self._cond.notify_all()
         self._io.shutdown(wait=True)
+
+
+def _behind(failure: BaseException, request: Request) -> BaseException:
+    exc = type(failure)(f"{request.fn} on {request.state_id!r} was queued behind a call that failed ({failure}); "
+                        "it did not run and may be submitted again after that call")
+    exc.retriable = True
+    return exc
 
 
 def as_user_error(exc: BaseException, request: Request) -> BaseException:

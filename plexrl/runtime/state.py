@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from plexrl import errors
+from plexrl.api import errors
 from plexrl.policy import Tier
 
 FLOAT_BYTES = 4
@@ -84,10 +84,13 @@ class ModelState:
             p.grad = None
 
     def current(self) -> torch.Tensor:
-        """The authoritative flat copy (its arena region when resident, else the host buffer)."""
-        if self.tier is Tier.DISK or self.host is None:
+        """The authoritative flat copy here: the arena region in a worker that holds the state
+        resident, else the host buffer (a node's view: write-through keeps it current)."""
+        if self._resident is not None:
+            return self._resident
+        if self.host is None:
             raise RuntimeError(f"state {self.state_id} is on disk; restore it first")
-        return self._resident if self.tier is Tier.DEVICE else self.host
+        return self.host
 
     def attach(self, region: torch.Tensor, device: int, offset: int) -> None:
         self._resident, self.tier, self.device, self.offset = region, Tier.DEVICE, device, offset

@@ -7,13 +7,19 @@ Invariants (tests/test_runtime_invariants.py):
 - every transition is timed and recorded (event log, ledger, bandwidth estimate).
 
 Decisions (what to move) come from `plexrl.policy.transitions`; this module applies them.
-All bookkeeping happens under `lock`, which the group schedulers of the node share. Host-side
-transitions (spill, restore) run under the lock so that two planners never count the same free
-host bytes; device-side copies (load, offload) run outside it, on states claimed busy.
+All bookkeeping happens under `lock`, which the node's group scheduler shares (the node makes it).
+Host-side transitions (spill, restore) run here, under the lock, so that two planners never count
+the same free host bytes. Device-side copies (load, offload) run on the device's worker
+(device_worker.py), on states claimed busy; the node books them here (`record`).
+
+Host buffers are files in the node's shared-memory folder (host_buffers.py), so that a worker in
+another process maps the same memory; spill files have opaque names of their own, so no two
+states' names can make them collide.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -22,7 +28,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from plexrl import errors
+from plexrl.api import errors
 from plexrl.policy import (
     LoadPlan,
     NoFit,
@@ -35,8 +41,11 @@ from plexrl.policy import (
     plan_load,
 )
 from plexrl.runtime.arena import DeviceArena
+from plexrl.runtime.host_buffers import SharedHostBuffers
 from plexrl.runtime.state import ModelState
 from plexrl.runtime.telemetry import Telemetry
+
+Pending = Callable[[str], int]  # queued calls per state (the group scheduler's), for victim choice
 
 HOST_SIDE = (TransitionKind.SPILL, TransitionKind.RESTORE)
 
@@ -55,30 +64,36 @@ class StateManager:
         host_capacity: int,
         spill_dir: Path,
         telemetry: Telemetry,
-        pin_memory: bool = False,
+        buffers: SharedHostBuffers,
+        changed: threading.Condition,
+        drop_copies: Callable[[str], None] = lambda state_id: None,
     ):
+        """`arenas`: the devices' budgets (the arenas themselves are the workers'); `changed`:
+        the node's condition, notified when states are released; `drop_copies(state_id)`: tell
+        the workers to let go of a state's device copy and host mapping (it is being spilled)."""
         self.node = node
         self.arenas = arenas
         self.host_capacity = host_capacity
         self.spill_dir = Path(spill_dir)
         self.telemetry = telemetry
-        self.pin_memory = pin_memory
+        self.buffers = buffers
         self.states: dict[str, ModelState] = {}
-        self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)  # notified when states are released
-        self.pending: Callable[[str], int] = lambda state_id: 0  # set by the schedulers
+        self.changed = changed
+        self.lock = changed
+        self._spill_ids = itertools.count()
+        self._drop_copies = drop_copies
 
     # -- views for the policy ------------------------------------------------------------
-    def info(self, s: ModelState) -> StateInfo:
+    def info(self, s: ModelState, pending: Pending) -> StateInfo:
         return StateInfo(
             state_id=s.state_id, job=s.job, device_bytes=s.device_bytes, host_bytes=s.host_bytes,
             tier=s.tier, device=s.device, offset=s.offset, busy=s.busy,
-            pending=self.pending(s.state_id), last_used_s=s.last_used_s,
+            pending=pending(s.state_id), last_used_s=s.last_used_s,
         )
 
-    def view(self) -> ResidencyView:
+    def view(self, pending: Pending) -> ResidencyView:
         return ResidencyView(
-            states={sid: self.info(s) for sid, s in self.states.items()},
+            states={sid: self.info(s, pending) for sid, s in self.states.items()},
             device_capacity={d: a.capacity_bytes for d, a in self.arenas.items()},
             host_capacity=self.host_capacity,
         )
@@ -87,7 +102,8 @@ class StateManager:
         return sum(s.device_bytes for s in self.states.values() if s.tier is Tier.DEVICE and s.device == device)
 
     # -- adding and removing states -------------------------------------------------------
-    def add(self, state: ModelState, initial: torch.Tensor | None = None, holding: frozenset[str] = frozenset()) -> None:
+    def add(self, state: ModelState, pending: Pending, initial: torch.Tensor | None = None,
+            holding: frozenset[str] = frozenset()) -> None:
         """Register a state and give it its persistent host buffer, filled from its module
         (or from `initial`, a flat weights tensor). When host room is short only because states
         are in use, wait for them — except the ones the caller itself `holding`s."""
@@ -95,15 +111,15 @@ class StateManager:
         with self.lock:
             if state.state_id in self.states:
                 raise errors.InvalidInput(f"a model named {state.name!r} already exists in job {state.job!r}")
-            room = plan_host_room(self.view(), state.host_bytes)
+            room = plan_host_room(self.view(pending), state.host_bytes)
             while isinstance(room, NoFit) and any(s.busy and s.state_id not in holding for s in self.states.values()):
                 self.changed.wait(0.05)  # states in use now free their host buffers when released
-                room = plan_host_room(self.view(), state.host_bytes)
+                room = plan_host_room(self.view(pending), state.host_bytes)
             if isinstance(room, NoFit):
                 raise errors.StateTooLarge(f"cannot add model {state.name!r} of job {state.job!r}: {room.reason}")
             for t in room:
                 self._run(t, state.job)
-            host = self._host_buffer(state.host_bytes)
+            host = self.buffers.allocate(state.host_bytes)
             weights = state.segment(host, 0)
             if initial is not None:
                 weights.copy_(initial)
@@ -120,21 +136,13 @@ class StateManager:
     def check_fits(self, state: ModelState) -> None:
         """StateTooLarge unless the state fits this node's budgets when nothing else is there."""
         smallest = min(a.capacity_bytes for a in self.arenas.values())
-        if state.device_bytes > smallest:
-            raise errors.StateTooLarge(
-                f"model {state.name!r} of job {state.job!r} needs {state.device_bytes:,} device bytes "
-                f"({'weights, gradients and Adam moments' if state.trainable else 'weights'}, float32) but a "
-                f"device budget is {smallest:,} bytes; expected device_memory_bytes >= {state.device_bytes:,}"
-            )
-        if state.host_bytes > self.host_capacity:
-            raise errors.StateTooLarge(
-                f"model {state.name!r} of job {state.job!r} needs {state.host_bytes:,} host bytes but the "
-                f"node's host budget is {self.host_capacity:,}; expected host_memory_bytes >= {state.host_bytes:,}"
-            )
+        check_budgets(state.name, state.job, state.trainable, state.device_bytes, state.host_bytes, smallest,
+                      self.host_capacity)
 
     def remove(self, state_id: str) -> None:
         with self.lock:
             state = self.states.pop(state_id)
+            self.buffers.release(state.host)
             state.unbind()
             state.host = None
             state._resident = None
@@ -144,37 +152,8 @@ class StateManager:
                                        node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
                                        device=state.device, device_bytes=state.device_bytes)
 
-    # -- migration (a spill here, a restore on the new node) --------------------------------------
-    def evict(self, state_id: str, job: str) -> ModelState:
-        """Wait until the state is idle, spill it (offloading first if resident) and hand it over;
-        its spill file stays for the adopting node to restore from."""
-        with self.changed:
-            state = self.states[state_id]
-            while state.busy or self.pending(state_id):
-                self.changed.wait(0.01)
-            if state.tier is Tier.DEVICE:
-                self._run(Transition(TransitionKind.OFFLOAD, state_id, state.device_bytes, state.device), job)
-            if state.tier is Tier.HOST:
-                self._run(Transition(TransitionKind.SPILL, state_id, state.host_bytes), job)
-            del self.states[state_id]
-            self.telemetry.events.emit(self.telemetry.now(), "state_removed", state=state_id, job=state.job,
-                                       node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
-                                       device=None, device_bytes=state.device_bytes)
-            return state
-
-    def adopt(self, state: ModelState) -> None:
-        """Take over a spilled state from another node; it is restored here on first use."""
-        with self.lock:
-            self.states[state.state_id] = state
-            self.telemetry.events.emit(self.telemetry.now(), "state_adopted", state=state.state_id, job=state.job,
-                                       node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
-                                       device_bytes=state.device_bytes)
-
-    def _host_buffer(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=self.pin_memory)
-
     # -- planning ---------------------------------------------------------------------------
-    def prepare(self, state_id: str, device: int | None, job: str) -> LoadPlan | NoFit:
+    def prepare(self, state_id: str, device: int | None, job: str, pending: Pending) -> LoadPlan | NoFit:
         """Under the lock: plan making `state_id` usable (resident on `device`, or at least in host
         memory when `device` is None), run its host-side steps, and claim every state the
         remaining device-side steps touch. The caller runs `apply(plan)` then `release(plan)`."""
@@ -182,12 +161,12 @@ class StateManager:
         if device is None:
             plan: LoadPlan | NoFit = LoadPlan(state_id, -1, -1)
             if state.tier is Tier.DISK:
-                room = plan_host_room(self.view(), state.host_bytes, exclude={state_id})
+                room = plan_host_room(self.view(pending), state.host_bytes, exclude={state_id})
                 if isinstance(room, NoFit):
                     return room
                 plan = LoadPlan(state_id, -1, -1, (*room, Transition(TransitionKind.RESTORE, state_id, state.host_bytes)))
         else:
-            plan = plan_load(self.view(), state_id, device)
+            plan = plan_load(self.view(pending), state_id, device)
         if isinstance(plan, NoFit):
             return plan
         for t in plan.transitions[: host_side_end(plan)]:
@@ -198,9 +177,9 @@ class StateManager:
                 self.states[t.state_id].busy = True
         return plan
 
-    def apply(self, plan: LoadPlan, job: str) -> float:
-        """Run the device-side steps of a prepared plan; returns the seconds they took."""
-        return sum(self._run(t, job) for t in plan.transitions[host_side_end(plan):])
+    def device_steps(self, plan: LoadPlan) -> tuple[Transition, ...]:
+        """The steps a worker runs (loads and offloads), after `prepare` ran the host-side ones."""
+        return plan.transitions[host_side_end(plan):]
 
     def release(self, plan: LoadPlan, now: float) -> None:
         with self.lock:
@@ -223,36 +202,29 @@ class StateManager:
         self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes)
         return seconds
 
-    def _load(self, state: ModelState, t: Transition) -> int:
-        region = self.arenas[t.device].region(t.offset, state.device_bytes)
-        region.copy_(state.host, non_blocking=False)
-        state.attach(region, t.device, t.offset)
-        state.dirty = False
-        return state.device_bytes
-
     def _offload(self, state: ModelState, t: Transition) -> int:
-        moved = 0
-        if state.dirty:  # an unchanged state's host buffer is already current: nothing to copy
-            state.host.copy_(state.current())
-            moved = state.device_bytes
-        with self.lock:
-            state.detach_to_host()
-            state.dirty = False
-        return moved
+        """Host-side plans offload before they spill: the host copy is current (write-through),
+        so nothing moves; the spill that follows makes the workers let go."""
+        self.forget_device_copy(state, logged=False)
+        return 0
 
     def _spill(self, state: ModelState, t: Transition) -> int:
         self.spill_dir.mkdir(parents=True, exist_ok=True)
-        path = self.spill_dir / f"{state.state_id.replace('/', '__')}.safetensors"
+        self._drop_copies(state.state_id)  # a worker's mapping would keep the freed host memory alive
+        path = self.spill_dir / f"spill-{next(self._spill_ids)}.safetensors"  # opaque: no name can alias
         save_file({"flat": state.host}, str(path), metadata={"state": state.state_id, "adam_step": str(state.adam_step)})
         state.spill_path = path
         state.unbind()
+        self.buffers.release(state.host)
         state.host = None
         state.tier = Tier.DISK
         return state.host_bytes
 
     def _restore(self, state: ModelState, t: Transition) -> int:
-        host = self._host_buffer(state.host_bytes)
+        host = self.buffers.allocate(state.host_bytes)
         host.copy_(load_file(str(state.spill_path))["flat"])
+        state.spill_path.unlink(missing_ok=True)
+        state.spill_path = None
         state.host = host
         state.tier = Tier.HOST
         state.bind(host)
@@ -265,3 +237,54 @@ class StateManager:
         nbytes = write()
         t = Transition(TransitionKind.MATERIALIZE, state.state_id, nbytes)
         self.telemetry.transition(t, job, nbytes, time.perf_counter() - t0, self.node, start)
+
+    # -- what workers report -------------------------------------------------------------------
+    def record(self, t: Transition, job: str, seconds: float, start: float, moved: int) -> None:
+        """Book a device-side transition a worker ran (the state is claimed busy by the plan).
+        The node's own view of a DEVICE state stays bound to its host copy, which write-through
+        keeps current: node functions read and write that."""
+        state = self.states[t.state_id]
+        with self.lock:
+            if t.kind is TransitionKind.LOAD:
+                state.tier, state.device, state.offset = Tier.DEVICE, t.device, t.offset
+            else:
+                state.tier, state.device, state.offset = Tier.HOST, None, None
+            state.dirty = False
+        self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes)
+
+    def lose_device(self, device: int) -> list[str]:
+        """The device's copies are gone (its worker died, or a node function changed the host
+        copy): every state resident there is back to its host copy."""
+        with self.lock:
+            lost = [s for s in self.states.values() if s.tier is Tier.DEVICE and s.device == device]
+            for state in lost:
+                self.forget_device_copy(state)
+            self.changed.notify_all()
+        return [s.state_id for s in lost]
+
+    def forget_device_copy(self, state: ModelState, logged: bool = True) -> None:
+        """`state`'s device copy is stale (or gone): the next use loads it again. Logged as an
+        offload that moved nothing, so that the event log's residency stays whole."""
+        with self.lock:
+            if state.tier is not Tier.DEVICE:
+                return
+            if logged:
+                t = Transition(TransitionKind.OFFLOAD, state.state_id, state.device_bytes, state.device)
+                self.telemetry.transition(t, state.job, 0, 0.0, self.node, self.telemetry.now(), state.device_bytes)
+            state.tier, state.device, state.offset, state.dirty = Tier.HOST, None, None, False
+
+
+def check_budgets(name: str, job: str, trainable: bool, device_bytes: int, host_bytes: int, device_budget: int,
+                  host_budget: int) -> None:
+    """StateTooLarge unless a state of these sizes fits the budgets when nothing else is there."""
+    if device_bytes > device_budget:
+        raise errors.StateTooLarge(
+            f"model {name!r} of job {job!r} needs {device_bytes:,} device bytes "
+            f"({'weights, gradients and Adam moments' if trainable else 'weights'}, float32) but a "
+            f"device budget is {device_budget:,} bytes; expected device_memory_bytes >= {device_bytes:,}"
+        )
+    if host_bytes > host_budget:
+        raise errors.StateTooLarge(
+            f"model {name!r} of job {job!r} needs {host_bytes:,} host bytes but the "
+            f"node's host budget is {host_budget:,}; expected host_memory_bytes >= {host_bytes:,}"
+        )

@@ -1,14 +1,15 @@
-"""The Ray worker: one actor per device (`num_gpus=1`), restarted by Ray when its process dies.
+"""The device worker: the one device seam. It owns one device's arena and runs, per request, the
+transitions the node planned for it and then the function, on a state resident in the arena.
 
-It owns the device arena (runtime.arena.DeviceArena) and, per state it has held, a module
-skeleton (runtime.state.ModelState) whose parameters it binds to the state's arena region — the
-same objects the local engine's worker threads use, so the backend functions run unchanged.
-Decisions are not made here: the node's group scheduler sends each call together with the
-transitions planned for it (`run(steps, fn, payload, ...)`).
+An engine hosts one per device: in the node's process (`local`), in a process of its own pinned
+to a core (`process`), or as a Ray actor with `num_gpus=1` (`ray`). It holds, per state it has
+run, a module skeleton (runtime.state.ModelState) whose parameters it binds to the state's arena
+region, so the backend functions run unchanged. Decisions are not made here: each call arrives
+with its steps (`WorkerStep`) and leaves with a `WorkerReply`.
 
 Invariants:
 - the arena is the only device memory a state uses; host copies live in the node's shared
-  buffers (engines/ray_shm.py), never in this process alone;
+  buffers (host_buffers.py), never in this worker alone;
 - write-through: after a function that changes its state, the state's host copy equals its
   device copy before the call returns, so a dying worker loses only the call in flight;
 - a state's Adam step count is owned by the node: it arrives with each load and leaves with each reply.
@@ -19,15 +20,54 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from plexrl.engines import ray_functions
-from plexrl.engines.ray_shm import map_buffer, map_flags
-from plexrl.policy import Tier
+from plexrl.policy import Tier, TransitionKind
+from plexrl.runtime import functions
 from plexrl.runtime.arena import DeviceArena
+from plexrl.runtime.host_buffers import map_buffer, map_flags
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """What a worker needs to build its own copy of a state's module."""
+
+    state_id: str
+    job: str
+    name: str
+    source: str
+    trainable: bool
+
+
+@dataclass(frozen=True)
+class WorkerStep:
+    """One device-side transition: a load (from `host_path` into the arena at `offset`) or an
+    offload (back to the host copy, copying only when `dirty`)."""
+
+    kind: TransitionKind
+    state_id: str
+    spec: StateSpec | None = None
+    host_path: str = ""
+    offset: int = 0
+    adam_step: int = 0
+    dirty: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerReply:
+    """What a call did: its result or the function's own error, and what each part took."""
+
+    result: Any = None
+    error: BaseException | None = None
+    steps_s: tuple[float, ...] = ()
+    wall_s: float = 0.0
+    device_s: float = 0.0
+    writeback_s: float = 0.0
+    adam_step: int = 0
 
 
 class DeviceWorker:
@@ -37,13 +77,14 @@ class DeviceWorker:
         if cpu_cores:
             os.sched_setaffinity(0, cpu_cores)
         self.device = device
-        self._flags_path = writeback_flags  # the node's file (ray_shm.py): mapped at the first write-back
+        self._flags_path = writeback_flags  # the node's file (host_buffers.py): mapped at the first write-back
         self._flags = None
         self._failpoint: str | None = None
         self.threads = threads
         self.timing = "wall" if torch_device.startswith("cuda") else "thread_cpu"
         self.arena = DeviceArena(device, capacity_bytes, torch_device)
         self.states: dict[str, ModelState] = {}
+        self._mapped: dict[str, tuple[str, torch.Tensor]] = {}  # state id -> (host path, its mapping)
         self._templates: dict[str, torch.nn.Module] = {}  # one loaded module per source folder
         self._lock = threading.Lock()
         import transformers.models.auto.modeling_auto  # noqa: F401  (seconds in a fresh process: pay them
@@ -59,26 +100,26 @@ class DeviceWorker:
         return ray.get_runtime_context().get_node_id()
 
     # -- the one call the scheduler makes per request --------------------------------------------
-    def run(self, steps: list[dict], fn: str, payload: dict, state_id: str, mutates: bool) -> dict[str, Any]:
+    def run(self, steps: list[WorkerStep], fn: str, payload: dict, state_id: str) -> WorkerReply:
         """Run the planned transitions, then the function; report what each took.
 
         A function's own failure is returned (the transitions before it did happen); only a
-        broken transition raises."""
-        torch.set_num_threads(self.threads)  # per call: the executing thread is Ray's, not ours
-        seconds = [self._transition(step) for step in steps]
+        broken transition raises. On a logical CPU device the time charged is this thread's CPU
+        time (the cores are shared with controllers); on CUDA, wall time."""
+        torch.set_num_threads(self.threads)  # per call: the executing thread may be a host's, not ours
+        seconds = tuple(self._transition(step) for step in steps)
         state = self.states[state_id]
         assert state.tier is Tier.DEVICE and state.device == self.device, f"{state_id} is not resident on {self.device}"
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         result, error = None, None
         try:
-            result = ray_functions.execute(fn, state, payload)
+            result = functions.execute(fn, state, payload)
         except Exception as exc:  # delivered to the caller; the worker carries on
             error = exc
         wall_s = time.perf_counter() - wall0
         device_s = wall_s if self.timing == "wall" else time.thread_time() - cpu0
-        writeback_s = self._write_through(state) if mutates else 0.0
-        return {"result": result, "error": error, "steps_s": seconds, "wall_s": wall_s, "device_s": device_s,
-                "writeback_s": writeback_s, "adam_step": state.adam_step}
+        writeback_s = self._write_through(state) if functions.FUNCTIONS[fn].mutates else 0.0
+        return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step)
 
     def prepare(self, source: str) -> None:
         """Load a source's module template ahead of its first state here (the node calls this,
@@ -86,38 +127,58 @@ class DeviceWorker:
         self._template(source)
 
     def offload(self, state_id: str, dirty: bool) -> float:
-        return self._transition({"kind": "offload", "state_id": state_id, "dirty": dirty})
+        return self._transition(WorkerStep(TransitionKind.OFFLOAD, state_id, dirty=dirty))
+
+    def drop(self, state_id: str) -> None:
+        """Let go of the state's device copy and host mapping (the node is spilling it; the host
+        copy is current): its skeleton stays for the next load."""
+        with self._lock:
+            state = self.states.get(state_id)
+            if state is not None and state.tier is Tier.DEVICE:
+                self._offload(state, dirty=False)
+            self._mapped.pop(state_id, None)
 
     def forget(self, state_id: str) -> None:
-        """The state no longer exists on the node: drop its skeleton."""
+        """The state no longer exists on the node: drop its skeleton and its host mapping."""
+        self.drop(state_id)
         with self._lock:
             self.states.pop(state_id, None)
 
     # -- transitions ------------------------------------------------------------------------------
-    def _transition(self, step: dict) -> float:
+    def _transition(self, step: WorkerStep) -> float:
         """Seconds the copy took (building a state's module skeleton the first time is not a transition)."""
-        if step["kind"] == "load":
-            state = self._state(step["spec"])
+        if step.kind is TransitionKind.LOAD:
+            state = self._state(step.spec)
+            host = self._host(step)
             t0 = time.perf_counter()
-            self._load(state, step)
-        elif step["kind"] == "offload":
+            self._load(state, host, step)
+        elif step.kind is TransitionKind.OFFLOAD:
             t0 = time.perf_counter()
-            self._offload(self.states[step["state_id"]], step["dirty"])
+            self._offload(self.states[step.state_id], step.dirty)
         else:
-            raise ValueError(f"transition kind {step['kind']!r}; a worker runs only 'load' and 'offload'")
+            raise ValueError(f"transition kind {step.kind.value!r}; a worker runs only 'load' and 'offload'")
         return time.perf_counter() - t0
 
-    def _load(self, state: ModelState, step: dict) -> None:
-        state.host = map_buffer(step["host_path"], state.host_bytes)
-        region = self.arena.region(step["offset"], state.device_bytes)
-        region.copy_(state.host)
-        state.attach(region, self.device, step["offset"])
-        state.adam_step = step["adam_step"]
+    def _host(self, step: WorkerStep) -> torch.Tensor:
+        """The state's host buffer, mapped once per file (a fresh mapping faults on every page)."""
+        known = self._mapped.get(step.state_id)
+        if known is None or known[0] != step.host_path:
+            state = self.states[step.state_id]
+            known = (step.host_path, map_buffer(step.host_path, state.host_bytes))
+            self._mapped[step.state_id] = known
+        return known[1]
+
+    def _load(self, state: ModelState, host: torch.Tensor, step: WorkerStep) -> None:
+        state.host = host
+        region = self.arena.region(step.offset, state.device_bytes)
+        region.copy_(host)
+        state.attach(region, self.device, step.offset)
+        state.adam_step = step.adam_step
 
     def _offload(self, state: ModelState, dirty: bool) -> None:
         if dirty:
             state.host.copy_(state.current())
-        state.unbind()  # the node's view is authoritative; this process keeps no stale binding
+        state.unbind()  # the node's view is authoritative; this worker keeps no stale binding
         state._resident, state.host, state.tier, state.device, state.offset = None, None, Tier.HOST, None, None
 
     def _write_through(self, state: ModelState) -> float:
@@ -151,12 +212,11 @@ class DeviceWorker:
             self._templates[source] = load_module(source)
         return self._templates[source]
 
-    def _state(self, spec: dict) -> ModelState:
+    def _state(self, spec: StateSpec) -> ModelState:
         with self._lock:
-            state = self.states.get(spec["state_id"])
+            state = self.states.get(spec.state_id)
             if state is None:
-                source = spec["source"]
-                module = skeleton_like(self._template(source))
-                state = ModelState(spec["state_id"], spec["job"], spec["name"], module, spec["trainable"], source)
-                self.states[spec["state_id"]] = state
+                module = skeleton_like(self._template(spec.source))
+                state = ModelState(spec.state_id, spec.job, spec.name, module, spec.trainable, spec.source)
+                self.states[spec.state_id] = state
             return state

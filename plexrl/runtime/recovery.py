@@ -1,5 +1,5 @@
-"""Checkpoints and node loss, for the Ray engine's front (a mixin of RayCluster; the shared
-records live in the control plane, ray_control.py, so any front can recover any job).
+"""Checkpoints and node loss, for every front (a mixin of runtime/front.py's Front; the shared
+records live in the control plane, control.py, so any front can recover any job).
 
 Checkpoints. Every successful `save_state` is remembered as its model's latest checkpoint (path,
 time, the job's last reported step). With `checkpoint_every_steps=k`, the front also checkpoints
@@ -8,7 +8,8 @@ every trainable model of a job at each k-th step mark (`report_step`), with its 
 is complete (checkpoint folders are renamed into place: complete or absent). The directory is
 node-local by default; give a path every node sees (a network filesystem) to recover across nodes.
 
-Node loss. When a node runtime actor dies (its Ray node is gone), the first front whose call
+Node loss (where an engine can lose a node: on Ray, a node runtime actor dies with its Ray node;
+the local and process engines host every node in the front's process). The first front whose call
 notices it recovers its node group, once (the control plane arbitrates):
 1. the group is retired from placement (nothing is placed there again) and its jobs leave it;
 2. each job is admitted again (the Placer picks a surviving group); its models are added there —
@@ -27,26 +28,16 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import ray
-
-from plexrl import errors
-from plexrl.engines import hosting
+from plexrl.api import errors
 from plexrl.policy import ModelMemory
+from plexrl.runtime import remote
+from plexrl.runtime.control import Checkpoint, Recovery
 from plexrl.runtime.job_placer import provisional_profile
 
 AUTO_PREFIX = "auto-step-"
 RECOVERY_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    path: str
-    with_optimizer: bool
-    t: float  # control-plane clock when it completed
-    step: int | None  # the job's last reported step then (None: before its first step mark)
 
 
 class NodeRecovery:
@@ -59,26 +50,23 @@ class NodeRecovery:
         self._ask("saved", state.state_id, state.job, payload["path"], payload["with_optimizer"])
 
     def _step_mark(self, job: str, step: int) -> None:
+        """Every `checkpoint_every_steps` step marks: checkpoint each trainable model of `job` as
+        `auto-step-N`; once it is complete, the model's earlier automatic checkpoints go."""
         every = self.checkpoint_every_steps
         if not every or (step + 1) % every:
             return
         trainers = [h for h in list(self._handles.values()) if h.job == job and h.trainable]
-        before = self._ask("checkpoints_of", job)
-        saves = [self.submit(h, "save_state", {"path": str(self.checkpoint_path(h, f"{AUTO_PREFIX}{step}")),
-                                                 "with_optimizer": True}) for h in trainers]
+        paths = {h.state_id: self.checkpoint_path(h, f"{AUTO_PREFIX}{step}") for h in trainers}
+        saves = [self.submit(h, "save_state", {"path": str(paths[h.state_id]), "with_optimizer": True})
+                 for h in trainers]
         for save in saves:
             save.result()
-        for h in trainers:
-            old = before.get(h.state_id)
-            if old is not None and Path(old.path).name.startswith(AUTO_PREFIX) and Path(old.path).name != f"{AUTO_PREFIX}{step}":
-                shutil.rmtree(old.path, ignore_errors=True)
+        for path in paths.values():
+            for old in path.parent.glob(f"{AUTO_PREFIX}*"):
+                if old != path:
+                    shutil.rmtree(old, ignore_errors=True)
 
     # -- node loss -------------------------------------------------------------------------------------
-    @staticmethod
-    def _is_node_loss(exc: BaseException) -> bool:
-        """A node runtime actor died (errors of its calls arrive wrapped, never as ActorDiedError)."""
-        return isinstance(exc, ray.exceptions.ActorDiedError)
-
     def _fail_after_recovery(self, group: int, future, state, fn: str) -> None:
         try:
             self._recover(group)
@@ -111,7 +99,7 @@ class NodeRecovery:
         self._refresh()
 
     def _await_recoveries(self) -> None:
-        while "running" in (lost := self._ask("lost_groups")).values():
+        while Recovery.RUNNING in (lost := self._ask("lost_groups")).values():
             time.sleep(RECOVERY_POLL_S)
         self._lost_seen.update(lost)
 
@@ -141,7 +129,7 @@ class NodeRecovery:
                 self._ask("unbind", h.state_id)
         restored = {}
         for h in models:
-            hosting.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable))
+            remote.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable))
             self._bind(h, group)
             checkpoint = inputs["checkpoints"].get(h.state_id)
             if checkpoint is not None and h.trainable:

@@ -10,7 +10,7 @@ Invariant: a buffer's file exists from `allocate` until `release`; paths are uni
 
 Torn writes: a worker writes a state's host copy back (write-through) with its device's byte of
 the node's `writeback.flags` file set, and clears it after; a worker found dead with its byte set
-died midway, so that host copy is torn and must not be restored from (ray_node.py).
+died midway, so that host copy is torn and must not be restored from (node.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The engines that host the runtime in other processes: the process engine (a process per
-device, no Ray) and the Ray engine on one Ray node with 2 logical GPUs (plexrl/engines/*).
-Every test runs on both.
+"""The one runtime on its three engines (plexrl/engines/*): local (one process), process (a
+process per device, no Ray) and Ray (one Ray node with 2 logical GPUs). Every test runs on each
+engine where it applies (a device of the local engine is a thread: it cannot die alone).
 
 Invariants checked, as in tests/test_runtime_invariants.py but across processes:
 - transparency: a job multiplexed with another ends bitwise equal to the same job run alone on
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import plexrl
-from tests.helpers import datum, rl_job
+from tests.helpers import datum, rl_job, weights
 from plexrl import errors
 
 MiB = 1 << 20
@@ -35,7 +35,7 @@ def trainer_bytes(tiny_model):
     return ModelState("x/p", "x", "p", load_module(tiny_model), True, tiny_model).device_bytes
 
 
-@pytest.fixture(scope="module", params=["process", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.fixture(scope="module", params=["local", "process", pytest.param("ray", marks=pytest.mark.ray)])
 def cluster(request, trainer_bytes):
     from plexrl import engines
 
@@ -45,6 +45,11 @@ def cluster(request, trainer_bytes):
     with engines.open_cluster(request.param, 2, device_memory_bytes=trainer_bytes + trainer_bytes // 4 + 4096,
                               host_memory_bytes=256 * MiB) as c:
         yield c
+
+
+def needs_worker_processes(cluster) -> None:
+    if cluster.engine == "local":
+        pytest.skip("the local engine's devices are threads of this process: one cannot die alone")
 
 
 def test_every_function_end_to_end(cluster, tiny_model):
@@ -73,7 +78,7 @@ def test_every_function_end_to_end(cluster, tiny_model):
 
 def test_transparency_multiplexed_equals_local_alone(cluster, tiny_model, trainer_bytes):
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as local:
-        solo = rl_job(local, "job-a", tiny_model, seed=1, steps=2).state.flat_weights().numpy().copy()
+        solo = local.fetch_weights(rl_job(local, "job-a", tiny_model, seed=1, steps=2).state)
     switches_before = cluster.metrics()["switches"]
     trainers = {}
     def run(job, seed):
@@ -98,7 +103,7 @@ def test_a_controller_actor_attaches_by_name(cluster, tiny_model):
         pytest.skip("attaching from another process is the Ray engine's")
     import ray
 
-    from plexrl.engines.ray_cluster import RayCluster
+    from plexrl.engines.ray_engine import RayCluster
 
     @ray.remote(num_cpus=0)
     class Controller:
@@ -111,7 +116,7 @@ def test_a_controller_actor_attaches_by_name(cluster, tiny_model):
     controller = Controller.remote()
     weights = ray.get(controller.train.remote(cluster.name, tiny_model), timeout=TIMEOUT_S * 4)
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as local:
-        solo = rl_job(local, "actor-job", tiny_model, seed=1, steps=2).state.flat_weights().numpy()
+        solo = local.fetch_weights(rl_job(local, "actor-job", tiny_model, seed=1, steps=2).state)
     np.testing.assert_array_equal(weights, solo)
     assert cluster.metrics()["placement"]["actor-job"]["group"] == 0  # placed by the one control plane
     with pytest.raises(plexrl.errors.ConfigError, match="no PlexRL cluster named"):
@@ -141,6 +146,7 @@ def test_bad_call_fails_through_its_future_and_the_cluster_carries_on(cluster, t
 
 def test_worker_death_fails_the_call_and_the_job_continues(cluster, tiny_model):
     """Kills a worker process (the engine restarts it): the last tests of the module do."""
+    needs_worker_processes(cluster)
     trainer = cluster.service_client(job="crash").create_training_client(base_model=tiny_model, seed=0)
     trainer.forward_backward([datum([5, 6, 7, 8])])
     trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
@@ -166,17 +172,18 @@ def test_a_torn_write_back_loses_the_state_until_it_is_restored(cluster, tiny_mo
     """A worker that dies halfway through writing a state's host copy back leaves that copy torn:
     the runtime must not restore from it. The model fails with StateLost until a checkpoint is
     loaded, then carries on from the checkpoint."""
-    from plexrl.engines import hosting
+    from plexrl.runtime import remote
 
+    needs_worker_processes(cluster)
     trainer = cluster.service_client(job="torn").create_training_client(base_model=tiny_model, seed=0)
     trainer.forward_backward([datum([5, 6, 7, 8])])
     trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
     saved = trainer.save_state("before-tear").result(TIMEOUT_S)
     checkpointed = cluster.fetch_weights(trainer.state)
-    hosting.get([w.fail_at.remote("writeback") for w in cluster.workers.values()])
+    remote.get([w.fail_at.remote("writeback") for w in cluster.workers.values()])
     with pytest.raises(errors.StateLost, match="half written"):
         trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
-    hosting.get([w.fail_at.remote(None) for w in cluster.workers.values()])
+    remote.get([w.fail_at.remote(None) for w in cluster.workers.values()])
     with pytest.raises(errors.StateLost, match="restore it from a checkpoint"):
         trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
     trainer.load_state_with_optimizer(saved.path).result(TIMEOUT_S)
@@ -185,3 +192,49 @@ def test_a_torn_write_back_loses_the_state_until_it_is_restored(cluster, tiny_mo
     assert trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S).metrics["step"] == 2.0
     torn = [e for e in cluster.events() if e["event"] == "worker_failed" and e["job"] == "torn"]
     assert torn and torn[-1]["torn"] == ["torn/policy"]
+
+
+METRICS_KEYS = {"switches", "device_busy_s", "transition_bytes", "transition_s", "device_busy_s_per_device",
+                "transitions", "jobs", "recovery", "residency", "bandwidth_gbps", "policy", "devices", "nodes",
+                "engine", "uptime_s", "placement", "migrations", "admission"}
+
+
+def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):
+    trainer = cluster.service_client(job="layout").create_training_client(base_model=tiny_model, seed=0)
+    trainer.forward_backward([datum([5, 6, 7])]).result(TIMEOUT_S)
+    metrics = cluster.metrics()
+    assert set(metrics) == METRICS_KEYS
+    assert {"worker_restarts", "restored_states", "node_losses"} <= set(metrics["recovery"])
+    assert metrics["residency"]["layout/policy"].startswith("device:")
+    assert metrics["jobs"]["layout"]["placement"]["node"] == 0
+
+
+@pytest.mark.parametrize("engine", ["local", "process"])
+def test_migration_checkpoints_and_event_log_are_the_same_on_every_engine(engine, tiny_model, tmp_path):
+    """Two node groups: a job checkpointed every step, moved by hand between its steps, its events
+    written as they happen. (On Ray: tests/test_ray_multinode.py, which has two Ray nodes.)"""
+    from plexrl import engines
+
+    def train(migrate: bool, folder):
+        cls = engines.engine_class(engine)
+        with cls(devices=2, nodes=2, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB, profile_steps=1000,
+                 workdir=folder, checkpoint_every_steps=1, event_log=folder / "events.jsonl") as c:
+            trainer = c.service_client("job").create_training_client(base_model=tiny_model, seed=0)
+            for step in range(3):
+                if migrate and step == 1:
+                    c.migrate("job", 1 - c.metrics()["placement"]["job"]["group"])
+                trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+                trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+                c.report_step("job", step)
+            return c.fetch_weights(trainer.state), c.metrics(), c.events()
+
+    still, _, _ = train(False, tmp_path / "still")
+    moved, metrics, events = train(True, tmp_path / "moved")
+    np.testing.assert_array_equal(still, moved, err_msg="a migration changed the job's results")
+    assert metrics["migrations"] == 1 and metrics["engine"] == engine
+    assert sorted(p.name for p in (tmp_path / "moved" / "checkpoints" / "job" / "policy").iterdir()) == \
+        ["auto-step-2", "migration"], "the latest automatic checkpoint (older ones removed) and the migration's"
+    import json
+
+    written = [json.loads(line) for line in (tmp_path / "moved" / "events.jsonl").read_text().splitlines()]
+    assert sorted(map(json.dumps, written)) == sorted(map(json.dumps, events)), "the log file has every event"

@@ -1,11 +1,11 @@
-"""The control plane of a Ray-engine cluster: one named actor every front talks to.
+"""The control plane: one per cluster, every front talks to it (a named actor on Ray).
 
-    <cluster name>-control
+    Control (<cluster name>-control)
       ├ JobPlacer (runtime.job_placer): admission and the node group of every job
       ├ Router tables (runtime.router): job -> group, model -> group, trainer -> latest sampler
       └ what every front must agree on: model handles, checkpoints, lost groups, recovery points
 
-A *front* (plexrl.engines.ray_cluster.RayCluster: in the driver that started the cluster, or
+A *front* (runtime/front.py: in the driver that started the cluster, or, on Ray,
 `RayCluster.attach(name)` in a job's controller running as its own actor) asks the control plane
 for placement and routes, caches them, and sends calls straight to node actors: the control plane
 is never on a call's path. Everything here is plain tables; the actor is threaded because
@@ -14,9 +14,10 @@ admission may wait (`admit` blocks while the job waits for room).
 
 from __future__ import annotations
 
+import enum
 import threading
+from dataclasses import dataclass
 
-from plexrl.engines.ray_recovery import Checkpoint
 from plexrl.policy import JobProfile, ResourceView
 from plexrl.runtime.events import EventLog, job_events
 from plexrl.runtime.job_placer import JobPlacer, admit_and_route, route_migration
@@ -26,27 +27,46 @@ from plexrl.runtime.telemetry import Telemetry
 CONTROL_THREADS = 64  # admissions may wait for room; every other call returns at once
 
 
+class Recovery(enum.Enum):
+    """Where the recovery of a lost node group stands."""
+
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: str
+    with_optimizer: bool
+    t: float  # control-plane clock when it completed
+    step: int | None  # the job's last reported step then (None: before its first step mark)
+
+
 class Control:
-    def __init__(self, description: dict, topology: dict, horizon_slots: int, slot_s: float, first_fit: bool,
-                 profile_steps: int, epoch: float):
-        """`topology`: ResourceView.uniform's arguments (the view is built here: arrays that crossed
-        Ray arrive read-only, and the placer updates its view)."""
-        self.description = description  # what an attaching front needs: nodes, devices, policy, paths
-        self.telemetry = Telemetry(EventLog(), epoch=epoch)
-        self.placer = JobPlacer(ResourceView.uniform(**topology), horizon_slots, slot_s, first_fit, profile_steps)
-        self.router = Router([])
+    def __init__(self, description, epoch: float):
+        """`description`: front.Description (settings, node ids, paths); the placer's view is built
+        here (arrays that crossed a process boundary may arrive read-only, and the placer updates it)."""
+        self.description = description  # what an attaching front needs: settings, nodes, paths
+        config = description.config
+        self.telemetry = Telemetry(EventLog(config.event_log), epoch=epoch)
+        view = ResourceView.uniform(pods=1, groups_per_pod=config.nodes, nodes_per_group=1,
+                                    devices_per_node=config.devices_per_node, device_bytes=config.device_memory_bytes,
+                                    host_bytes=config.host_memory_bytes)
+        self.placer = JobPlacer(view, config.horizon_slots, config.slot_s, config.placement == "first-fit",
+                                config.profile_steps)
+        self.router = Router()
         self.handles: dict[str, object] = {}  # state id -> StateHandle
         self.checkpoints: dict[str, Checkpoint] = {}
         self.steps: dict[str, int] = {}
         self.started: dict[str, float] = {}
         self.recovery_points: dict[str, dict] = {}
         self.recovery = {"node_losses": 0, "restored_from_checkpoint": 0, "restored_from_base": 0, "lost_work_s": 0.0}
-        self._lost: dict[int, str] = {}  # group -> "running" | "done"
+        self._lost: dict[int, Recovery] = {}
         self.migrations = 0
         self._fronts = 0
         self._lock = threading.Lock()
 
-    def describe(self) -> dict:
+    def describe(self):
         return self.description
 
     def new_front(self) -> int:
@@ -114,7 +134,7 @@ class Control:
                 "samplers": {(tid, name): self.router.sampler(tid, name)
                              for tid in handles for name in self.router.synced_names(tid)}}
 
-    # -- checkpoints and lost groups (orchestrated by a front: engines/ray_recovery.py) ------------------
+    # -- checkpoints and lost groups (orchestrated by a front: runtime/recovery.py) ------------------
     def saved(self, state_id: str, job: str, path: str, with_optimizer: bool) -> None:
         """A save_state completed: the model's latest checkpoint, at the job's last step mark."""
         self.checkpoints[state_id] = Checkpoint(path, with_optimizer, self.telemetry.now(), self.steps.get(job))
@@ -126,10 +146,6 @@ class Control:
         self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
         return self.placer.profile_due(job)
 
-    def checkpoints_of(self, job: str) -> dict[str, Checkpoint | None]:
-        """The latest checkpoint of each of `job`'s models, by state id."""
-        return {h.state_id: self.checkpoints.get(h.state_id) for h in self._handles_of(job)}
-
     def _handles_of(self, job: str) -> list:
         with self._lock:
             return [h for h in self.handles.values() if h.job == job]
@@ -139,7 +155,7 @@ class Control:
         with self._lock:
             if group in self._lost:
                 return None
-            self._lost[group] = "running"
+            self._lost[group] = Recovery.RUNNING
         jobs = self.router.jobs_on(group)
         self.placer.retire_group(group, jobs, self.telemetry.now())
         for job in jobs:
@@ -149,9 +165,9 @@ class Control:
         return jobs
 
     def end_recovery(self, group: int) -> None:
-        self._lost[group] = "done"
+        self._lost[group] = Recovery.DONE
 
-    def lost_groups(self) -> dict[int, str]:
+    def lost_groups(self) -> dict[int, Recovery]:
         return dict(self._lost)
 
     def restore_inputs(self, job: str) -> dict:

@@ -1,0 +1,93 @@
+"""One configuration for every engine: `ClusterConfig`, frozen, checked once.
+
+Every engine's constructor takes the same settings (`LocalCluster(devices=2, nodes=1, **settings)`,
+and likewise `ProcessCluster`, `RayCluster`) and builds one of these; a bad value raises
+ConfigError naming the field, the value and what was expected, before anything starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from plexrl.api import errors
+from plexrl.policy import Policy
+
+MiB = 1 << 20
+PLACEMENTS = ("phase-shift", "first-fit")
+TORCH_DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: int = 1  # node groups (one node each)
+    devices_per_node: int = 2
+    device_memory_bytes: int = 256 * MiB  # per device: the states resident on it
+    host_memory_bytes: int = 2048 * MiB  # per node: every state's host copy
+    policy: str = "plexrl"  # request priority: plexrl (switch-aware HRRN), hrrn, sjf, fcfs
+    placement: str = "phase-shift"  # or first-fit
+    slot_s: float = 0.05  # the placer's time slot
+    horizon_slots: int = 1024  # the placer's cyclic horizon
+    profile_steps: int = 3  # step marks between profile measurements
+    threads_per_device: int = 1  # intra-op threads of a CPU device (results are bitwise per count)
+    torch_device: str = "auto"  # auto: CUDA when present, else logical CPU devices
+    workdir: str | None = None  # spill files, default checkpoints (a temporary folder when None)
+    checkpoint_dir: str | None = None  # default: WORKDIR/checkpoints
+    checkpoint_every_steps: int = 0  # 0: only the job's own save_state calls
+    event_log: str | None = None  # a JSON-lines file of every event, written as they happen
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "devices_per_node", "device_memory_bytes", "host_memory_bytes", "horizon_slots",
+                     "profile_steps", "threads_per_device"):
+            _check(name, getattr(self, name), _is_int(getattr(self, name)) and getattr(self, name) >= 1,
+                   "a positive integer")
+        _check("checkpoint_every_steps", self.checkpoint_every_steps,
+               _is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0, "0 (off) or a positive integer")
+        _check("slot_s", self.slot_s, isinstance(self.slot_s, (int, float)) and self.slot_s > 0,
+               "a positive number of seconds")
+        _check("placement", self.placement, self.placement in PLACEMENTS, f"one of {list(PLACEMENTS)}")
+        _check("torch_device", self.torch_device, self.torch_device in TORCH_DEVICES, f"one of {list(TORCH_DEVICES)}")
+        try:
+            Policy.parse(self.policy)
+        except ValueError as exc:
+            raise errors.ConfigError(f"policy={self.policy!r}: {exc}") from None
+        for name in ("workdir", "checkpoint_dir", "event_log"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(name, value, isinstance(value, (str, Path)) and str(value) != "", "a path or None")
+                object.__setattr__(self, name, str(value))
+        object.__setattr__(self, "policy", Policy.parse(self.policy).value)
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @classmethod
+    def of(cls, devices: int | None = None, nodes: int = 1, devices_per_node: int | None = None,
+           **settings) -> "ClusterConfig":
+        """From an engine's arguments: `devices` in all, split evenly over `nodes`, or
+        `devices_per_node` on each. Unknown settings are refused by name."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise errors.ConfigError(f"unknown cluster setting(s) {unknown}; expected some of {sorted(known)}")
+        _check("nodes", nodes, _is_int(nodes) and nodes >= 1, "a positive integer")
+        if devices_per_node is None:
+            devices = 2 * nodes if devices is None else devices
+            _check("devices", devices, _is_int(devices) and devices >= 1, "a positive integer")
+            if devices % nodes:
+                raise errors.ConfigError(f"devices={devices} must be a multiple of nodes={nodes}")
+            devices_per_node = devices // nodes
+        elif devices is not None and devices != nodes * devices_per_node:
+            raise errors.ConfigError(f"devices={devices} but nodes={nodes} x devices_per_node={devices_per_node}; "
+                                     "give devices or devices_per_node")
+        return cls(nodes=nodes, devices_per_node=devices_per_node, **settings)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name: str, value, ok: bool, expected: str) -> None:
+    if not ok:
+        raise errors.ConfigError(f"{name}={value!r}; expected {expected}")

@@ -1,0 +1,512 @@
+"""The front: what a job's clients talk to (the `Cluster` protocol of plexrl/api/cluster.py).
+
+    Front (in the driver; on Ray also `RayCluster.attach(name)` in a job's controller actor)
+      ├ Control (control.py): JobPlacer + Router tables, checkpoints, lost groups
+      └ per node group: Node (node.py: StateManager + group scheduler)
+                        DeviceWorker per device (device_worker.py: the arena, the functions)
+
+One front for every engine. An engine (plexrl/engines/) only says where each piece runs — a
+thread, a process, a Ray actor — by its `_host_*` methods; everything else happens here, the
+same way everywhere: admission and placement, weight sync, checkpoints, migration (through the
+checkpoint directory), re-placement from measured profiles, recovery, the event log, metrics.
+
+A call crosses to its node as a `node.Call` (function name, payload, sequence number): never a
+closure, never model state. The front never holds tensors of a state: nodes load models from
+their source folder (which every node must see) and return numbers and handles; weights leave a
+node only when asked (`fetch_weights`, as numpy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from plexrl.api import errors
+from plexrl.api.cluster import StateHandle
+from plexrl.api.futures import APIFuture
+from plexrl.api.types import SaveStateResponse
+from plexrl.policy import JobProfile, ModelMemory
+from plexrl.runtime import functions, remote
+from plexrl.runtime.config import ClusterConfig
+from plexrl.runtime.events import write_jsonl
+from plexrl.runtime.host_buffers import WRITEBACK_FLAGS, node_folder
+from plexrl.runtime.job_placer import provisional_profile
+from plexrl.runtime.node import Call, Synced
+from plexrl.runtime.recovery import NodeRecovery
+from plexrl.runtime.state_manager import check_budgets
+
+NAME_RULE = "a non-empty name"
+
+
+@dataclass(frozen=True)
+class Description:
+    """What every front of one cluster shares: its settings and where its nodes are."""
+
+    config: ClusterConfig
+    node_ids: tuple
+    workdir: str
+    checkpoint_dir: str
+
+
+class Front(NodeRecovery):
+    """`Front(config, name)` starts a cluster on the engine of the subclass (its pieces are named
+    `<name>-...`, `name` defaults to a fresh id)."""
+
+    engine = "abstract"
+
+    def __init__(self, config: ClusterConfig, name: str | None = None):
+        self.name = name or f"plexrl-{uuid.uuid4().hex[:8]}"
+        self._tmp = tempfile.mkdtemp(prefix="plexrl-") if config.workdir is None else None
+        workdir = Path(config.workdir or self._tmp)
+        torch_device = _resolve_device(config.torch_device)
+        node_ids = self._find_nodes(config)
+        epoch = time.time()
+        workers: dict[int, object] = {}
+        nodes = []
+        for group, node_id in enumerate(node_ids):
+            mine = self._start_workers(group, node_id, config, torch_device)
+            workers.update(mine)
+            nodes.append(self._host_node(node_id, piece_name(self.name, "node", group), (
+                group, list(mine), mine, config.device_memory_bytes, config.host_memory_bytes, config.policy,
+                str(workdir), str(node_folder(self.name, group)), epoch, config.event_log)))
+        remote.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in nodes])
+        description = Description(config, tuple(node_ids), str(workdir),
+                                  config.checkpoint_dir or str(workdir / "checkpoints"))
+        control = self._host_control(piece_name(self.name, "control"), (description, epoch))
+        self._join(description, control, nodes, workers)
+        self._owned = [control, *nodes, *workers.values()]
+
+    def _start_workers(self, group: int, node_id, config: ClusterConfig, torch_device: str) -> dict:
+        flags = str(node_folder(self.name, group) / WRITEBACK_FLAGS)
+        per_node = config.devices_per_node
+        return {d: self._host_worker(node_id, piece_name(self.name, "worker", d), (
+            d, config.device_memory_bytes, config.threads_per_device, self._device_name(torch_device, d), flags))
+            for d in range(group * per_node, (group + 1) * per_node)}
+
+    def _join(self, description: Description, control, nodes: list, workers: dict) -> None:
+        """Every front's own part: caches of the control plane's tables, call numbering, futures."""
+        self.control, self.nodes, self.workers = control, nodes, workers
+        self.config = description.config
+        self.node_ids = list(description.node_ids)
+        self.devices = self.config.devices
+        self.workdir = Path(description.workdir)
+        self.checkpoint_dir = Path(description.checkpoint_dir)
+        self.checkpoint_every_steps = self.config.checkpoint_every_steps
+        self.slot_s = self.config.slot_s
+        self.front = remote.get(control.new_front.remote())
+        self._handles: dict[str, StateHandle] = {}  # caches of the control plane's tables
+        self._routes: dict[str, int] = {}
+        self._samplers: dict[tuple[str, str], str] = {}
+        self._configs: dict[str, object] = {}
+        self._seq: dict[tuple[str, int], int] = defaultdict(int)  # (model, group) -> next call number
+        self._lost_seen: set[int] = set()  # lost groups this front has heard of
+        self._bookkeeping = ThreadPoolExecutor(2, thread_name_prefix=f"plexrl-front{self.front}")
+        self._ids = itertools.count(self.front * 1_000_000_000 + 1)  # request ids unique across fronts
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def policy(self):
+        from plexrl.policy import Policy
+
+        return Policy.parse(self.config.policy)
+
+    # -- hosting: what an engine says (plexrl/engines/) -------------------------------------------
+    def _find_nodes(self, config: ClusterConfig) -> list:
+        """One id per node group, where its pieces run (None on a single machine)."""
+        return [None] * config.nodes
+
+    def _host_worker(self, node_id, name: str, args: tuple):
+        raise NotImplementedError
+
+    def _host_node(self, node_id, name: str, args: tuple):
+        raise NotImplementedError
+
+    def _host_control(self, name: str, args: tuple):
+        raise NotImplementedError
+
+    def _send(self, group: int, call: Call):
+        """Hand a call to its node; a reference to its result (the node's future in this process)."""
+        return self.nodes[group].target.enqueue(call)
+
+    def _device_name(self, torch_device: str, index: int) -> str:
+        """Device `index`'s torch device: logical devices share the GPUs this process sees."""
+        if torch_device != "cuda":
+            return torch_device
+        import torch
+
+        return f"cuda:{index % max(1, torch.cuda.device_count())}"
+
+    def _is_node_loss(self, exc: BaseException) -> bool:
+        """Whether a call's error means its node is gone (only where a node can be lost alone)."""
+        return False
+
+    def _ask(self, method: str, *args):
+        """A call to the control plane (placement, tables: never on a call's path)."""
+        return _unwrapped(lambda: remote.get(getattr(self.control, method).remote(*args)))
+
+    # -- the job-facing entry point ---------------------------------------------------------------
+    def service_client(self, job: str, profile: JobProfile | None = None, slack: float = 0.10,
+                       admission_timeout: float | None = None):
+        """A job's handle. With a `profile` the job is placed now (waiting for room if the placer
+        says so, up to `admission_timeout` s, then starting after its phase shift); without one
+        it is placed provisionally when its first model is created."""
+        from plexrl.api.client import ServiceClient
+
+        if not job or not isinstance(job, str):
+            raise errors.InvalidInput(f"job={job!r}; expected {NAME_RULE}")
+        if not (isinstance(slack, (int, float)) and slack >= 0):
+            raise errors.InvalidInput(f"slack={slack!r}; expected a fraction of a step >= 0, e.g. 0.1")
+        self._check_open()
+        if profile is not None:
+            if profile.job != job:
+                raise errors.InvalidInput(f"profile is for job {profile.job!r}, not {job!r}")
+            self._admit(profile, slack, provisional=False, timeout=admission_timeout)
+        return ServiceClient(self, job, slack, admission_timeout)
+
+    def _admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> int:
+        group, shift_s = self._ask("admit", profile, slack, provisional, timeout)
+        time.sleep(shift_s)  # the job starts shifted
+        return group
+
+    # -- what clients call -------------------------------------------------------------------------
+    def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
+                  slack: float = 0.10, admission_timeout: float | None = None) -> StateHandle:
+        self._check_open()
+        source = str(base_model)
+        config = self._config(source)
+        group = self._ask("placement", job)
+        if group is None:
+            nbytes = _state_bytes(config, trainable)
+            check_budgets(name, job, trainable, nbytes, nbytes, self.config.device_memory_bytes,
+                          self.config.host_memory_bytes)
+            memory = [ModelMemory(name, nbytes, nbytes)]
+            group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout)
+        handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable)))
+        return self._bind(handle, group)
+
+    def _bind(self, handle: StateHandle, group: int, sampler: tuple[str, str] | None = None) -> StateHandle:
+        self._ask("bind", handle, group, sampler)
+        with self._lock:
+            self._handles[handle.state_id] = handle
+            self._routes[handle.state_id] = group
+            if sampler is not None:
+                self._samplers[sampler] = handle.state_id
+        return handle
+
+    def _refresh(self) -> None:
+        """Reload the route caches from the control plane (after a node loss moved jobs)."""
+        tables = self._ask("tables")
+        with self._lock:
+            self._handles, self._routes = tables["handles"], tables["groups"]
+            self._samplers = tables["samplers"]
+
+    def submit(self, state: StateHandle, fn: str, payload: dict | None) -> APIFuture:
+        """Send one call (a function of runtime/functions.py and its payload) to the state's node."""
+        if self._closed:
+            return APIFuture.failed(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
+        try:
+            functions.spec(fn)
+        except errors.InvalidInput as exc:
+            return APIFuture.failed(exc)
+        group = self._route(state)
+        if group is None:
+            return APIFuture.failed(errors.UnknownModel(
+                f"model {state.state_id!r} no longer exists on this cluster (a superseded sampler snapshot?)"))
+        future = APIFuture(next(self._ids))
+        with self._lock:
+            seq = self._seq[(state.state_id, group)]
+            self._seq[(state.state_id, group)] += 1
+        ref = self._send(group, Call(future.request_id, state.job, state.state_id, fn, payload or {}, self.front, seq))
+        remote.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group, payload))
+        return future
+
+    def _route(self, state: StateHandle) -> int | None:
+        group = self._routes.get(state.state_id)
+        if group is None or group in self._lost_seen:
+            self._await_recoveries()
+            self._refresh()
+            group = self._routes.get(state.state_id)
+        return group
+
+    def _resolve(self, done, future: APIFuture, state: StateHandle, fn: str, group: int, payload: dict) -> None:
+        """Runs on the thread that delivers results: nothing here may wait on a node. Results that
+        need the control plane (syncs, saves) and failures that need recovery go to other threads."""
+        try:
+            result = done.result()
+        except Exception as exc:
+            if self._is_node_loss(exc):
+                threading.Thread(target=self._fail_after_recovery, args=(group, future, state, fn),
+                                 name=f"plexrl-recover-g{group}", daemon=True).start()
+            else:
+                future.set_exception(_user_error(exc))
+            return
+        if fn in ("sync_weights", "save_state"):
+            self._bookkeeping.submit(self._book, future, state, fn, group, payload, result)
+        else:
+            future.set_result(result)
+
+    def _book(self, future: APIFuture, state: StateHandle, fn: str, group: int, payload: dict, result) -> None:
+        try:
+            if isinstance(result, Synced):
+                result = self._bind(result.snapshot, group, (state.state_id, result.name))
+            elif isinstance(result, SaveStateResponse):
+                self._saved(state, payload)
+        except Exception as exc:
+            future.set_exception(_user_error(exc))
+            return
+        future.set_result(result)
+
+    def fetch_weights(self, state: StateHandle) -> np.ndarray:
+        """A copy of a state's current weights (flat float32), read from its host copy."""
+        return self.submit(state, "read_weights", None).result()
+
+    def latest_sampler(self, trainer_id: str, name: str) -> StateHandle | None:
+        state_id = self._samplers.get((trainer_id, name))
+        if state_id is None or self._routes.get(state_id) in self._lost_seen:
+            self._refresh()
+            state_id = self._samplers.get((trainer_id, name))
+        return None if state_id is None else self._handles.get(state_id)
+
+    def limits(self, state: StateHandle) -> tuple[int, int]:
+        config = self._config(state.source)
+        return int(config.vocab_size), int(getattr(config, "max_position_embeddings", 1 << 30))
+
+    def stop_token_ids(self, state: StateHandle) -> tuple[int, ...]:
+        eos = getattr(self._config(state.source), "eos_token_id", None)
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    def _config(self, source: str):
+        if source not in self._configs:
+            self._configs[source] = _load_config(source)
+        return self._configs[source]
+
+    def checkpoint_path(self, state: StateHandle, name: str) -> Path:
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise errors.InvalidInput(f"checkpoint name {name!r}; expected a plain non-empty name")
+        return self.checkpoint_dir / state.job / state.name.replace("/", "_") / name
+
+    # -- step marks, re-placement, migration --------------------------------------------------------
+    def report_step(self, job: str, step: int, **fields) -> None:
+        """A job's step boundary: logged, a checkpoint every `checkpoint_every_steps` steps
+        (recovery.py), and the placer's look at its measured profile (`_replace`)."""
+        profile_due = self._ask("step", job, step, fields)
+        self._step_mark(job, step)
+        self._replace(job, profile_due)
+
+    def _replace(self, job: str, profile_due: bool) -> None:
+        """Re-placement from the job's measured profile (every `profile_steps` steps): when the
+        placer moves it, the job migrates here, between its steps, and resumes on its new phase."""
+        models = [ModelMemory(h.name, h.device_bytes, h.host_bytes)
+                  for h in list(self._handles.values()) if h.job == job and not h.is_snapshot]
+        events = self.events(job) if profile_due else None
+        decided = self._ask("on_step", job, models, events)
+        if decided is None:
+            return
+        group, shift_s = decided
+        self.migrate(job, group)
+        time.sleep(shift_s)
+
+    def migrate(self, job: str, group: int) -> None:
+        """Move every model of `job` to node group `group` through the checkpoint directory:
+        trainable ones saved (with their optimizer) after their last call, then added on the new
+        node and loaded; samplers synced again. Counted in metrics()["migrations"]."""
+        source = self._ask("placement", job)
+        if source is None or source == group:
+            return
+        models = [h for h in list(self._handles.values()) if h.job == job and not h.is_snapshot]
+        saves = [self.submit(h, "save_state", {"path": str(self.checkpoint_path(h, "migration")), "with_optimizer": True})
+                 for h in models if h.trainable]
+        for save in saves:
+            save.result()
+        inputs = self._ask("restore_inputs", job)
+        remote.get(self.nodes[source].remove_job.remote(job))
+        self._ask("migrated", job, source, group, [h.state_id for h in models])
+        self._reinstate(job, group, inputs)
+
+    def finish_job(self, job: str) -> None:
+        """The job is done: its states are freed and waiting jobs may be admitted."""
+        group = self._ask("placement", job)
+        if group is not None and group not in self._lost_seen:
+            remote.get(self.nodes[group].remove_job.remote(job))
+        for state_id in self._ask("finish", job):
+            with self._lock:
+                self._handles.pop(state_id, None)
+                self._routes.pop(state_id, None)
+
+    # -- observability ---------------------------------------------------------------------------
+    def live_nodes(self, lost: dict | None = None) -> list:
+        """The nodes not lost (`lost`: the control plane's lost groups, asked for when not given)."""
+        lost = self._ask("lost_groups") if lost is None else lost
+        return [node for group, node in enumerate(self.nodes) if group not in lost]
+
+    def node_states(self) -> list[list[str]]:
+        """The state ids each node's StateManager holds (affinity checks)."""
+        lost = self._ask("lost_groups")
+        return [[] if g in lost else remote.get(n.state_ids.remote()) for g, n in enumerate(self.nodes)]
+
+    def residency(self) -> dict[str, str]:
+        """Where each state is: 'device:N', 'host' or 'disk'."""
+        return {sid: tier for n in self.live_nodes() for sid, tier in remote.get(n.summary.remote())["residency"].items()}
+
+    def events(self, job: str | None = None) -> list[dict]:
+        """The cluster's events on one time axis (only `job`'s when given: filtered where they live)."""
+        merged = self._ask("events", job)
+        for part in remote.get([n.events.remote(job) for n in self.live_nodes()]):
+            merged += part
+        return sorted(merged, key=lambda e: e["t"])
+
+    def write_events(self, path: str | Path) -> Path:
+        """Every node's events and the control plane's, on one time axis, as JSON lines."""
+        return write_jsonl(self.events(), path)
+
+    def metrics(self) -> dict:
+        """One layout on every engine: the nodes' counters summed, per job usage with its
+        placement, admission (jobs waiting), recovery counts, migrations."""
+        control = self._ask("summary")
+        out = merge_summaries(remote.get([n.summary.remote() for n in self.live_nodes(control["lost"])]))
+        out["recovery"] = _add_counts([out["recovery"], control["recovery"]])
+        placements = control["placements"]
+        for job, usage in out["jobs"].items():
+            placed = placements.get(job, {})
+            usage["placement"] = {**placed, "node": placed.get("group")}
+            usage["phase_shift_s"] = placed.get("phase_shift_s")
+            usage["queueing_delay_s"] = placed.get("queueing_delay_s", 0.0)
+        out.update(policy=self.config.policy, devices=self.devices, nodes=len(self.nodes), engine=self.engine,
+                   uptime_s=control["now"], placement=placements, migrations=control["migrations"],
+                   admission={job: p for job, p in placements.items() if p["group"] is None})
+        return out
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClusterClosed("the cluster is closed; no more calls are accepted")
+
+    def close(self) -> None:
+        """Stop accepting calls; the front that started the cluster also stops its pieces."""
+        if self._closed:
+            return
+        self._closed = True
+        self._bookkeeping.shutdown(wait=True)
+        if not self._owned:
+            return
+        remote.get([n.close.remote() for n in self.live_nodes()])
+        for piece in self._owned:
+            remote.kill(piece)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+SUMMED = ("switches", "device_busy_s", "transition_bytes", "transition_s")
+
+
+def piece_name(cluster: str, kind: str, index: int | None = None) -> str:
+    """The name of one of a cluster's pieces: `<cluster>-control`, `<cluster>-node3`, `<cluster>-worker7`."""
+    return f"{cluster}-{kind}" if index is None else f"{cluster}-{kind}{index}"
+
+
+def merge_summaries(parts: list[dict]) -> dict:
+    """One cluster-wide summary from the nodes' telemetry summaries (counters add up)."""
+    out: dict = {key: sum(p[key] for p in parts) for key in SUMMED}
+    out["device_busy_s_per_device"] = {d: s for p in parts for d, s in p["device_busy_s_per_device"].items()}
+    out["transitions"] = _add_counts([p["transitions"] for p in parts])
+    out["jobs"] = {}
+    for part in parts:
+        for job, usage in part["jobs"].items():
+            out["jobs"][job] = _add_counts([out["jobs"].get(job, {}), usage])
+    out["recovery"] = _add_counts([p["recovery"] for p in parts])
+    out["residency"] = {sid: tier for p in parts for sid, tier in p["residency"].items()}
+    out["bandwidth_gbps"] = parts[0]["bandwidth_gbps"] if len(parts) == 1 else {
+        k: max(p["bandwidth_gbps"][k] for p in parts) for k in parts[0]["bandwidth_gbps"]}
+    return out
+
+
+def _add_counts(dicts: list[dict]) -> dict:
+    total: dict = {}
+    for d in dicts:
+        for key, value in d.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def _resolve_device(torch_device: str) -> str:
+    """"auto": CUDA devices when present, else logical CPU devices."""
+    if torch_device == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch_device == "cuda":
+        raise errors.ConfigError("torch_device='cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+    return "cpu"
+
+
+def _state_bytes(config, trainable: bool) -> int:
+    """Float32 bytes of a state before it is loaded: a provisional estimate for admission
+    (the node measures the real size; the placer's profile is replaced by measured ones later)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    return numel * 4 * (4 if trainable else 1)
+
+
+def _load_config(source: str):
+    from transformers import AutoConfig
+
+    if not Path(source).is_dir():
+        raise errors.ModelLoadError(
+            f"base model folder {source!r} does not exist; expected a local Hugging Face model folder "
+            "(config.json + weights), e.g. one written by `plexrl tiny-model FOLDER`")
+    if not (Path(source) / "config.json").is_file():
+        raise errors.ModelLoadError(
+            f"base model folder {source!r} has no config.json; expected a local Hugging Face model folder "
+            "(config.json + weights) that every node can read, e.g. one written by `plexrl tiny-model FOLDER`")
+    try:
+        return AutoConfig.from_pretrained(source)
+    except Exception as exc:  # transformers raises many kinds; the user needs one clear message
+        raise errors.ModelLoadError(f"could not load {source!r} as a causal LM with AutoModelForCausalLM: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+
+
+def _user_error(exc: BaseException) -> BaseException:
+    """The PlexRL error inside a transport's error; an unreachable node reads as a retriable WorkerFailed."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return cause
+    if remote.is_gone(exc):
+        return errors.WorkerFailed(f"the node runtime holding this model is unreachable: {exc}")
+    return exc
+
+
+def _unwrapped(call):
+    """The value of a call to a piece; its PlexRL error raised as it is (not wrapped by the transport)."""
+    try:
+        return call()
+    except errors.PlexRLError:
+        raise
+    except Exception as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException):
+            raise cause from None
+        raise

@@ -1,0 +1,364 @@
+"""One node: its StateManager, its group scheduler, and a dispatcher per device (DESIGN §2, §8).
+
+    Node (one per node group; hosted in the driver, in a thread pool, or as a Ray actor)
+      ├ StateManager   residency, budgets, host buffers in shared memory, spill files
+      ├ GroupScheduler the policy picks, plans and claims
+      └ a dispatcher thread per device: next request -> DeviceWorker.run(steps, fn, payload)
+
+The node owns residency and every host copy; a DeviceWorker owns only its arena. Node functions
+(functions.Where.NODE: checkpoints, weight sync, reading weights) run here on the host copy,
+which write-through keeps current. When a worker dies, its in-flight request fails with
+errors.WorkerFailed (retriable: nothing is retried behind the caller's back, because only the
+caller knows whether repeating it is right), every state that was resident on the device falls
+back to its host copy, the host restarts the worker, and the next request loads them again.
+
+Calls arrive as `Call`s numbered per (front, model); they enter the group's queue in that order
+whatever order the transport delivers them in (calls of one model from one front run in order).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plexrl.api import errors
+from plexrl.api.cluster import StateHandle
+from plexrl.api.futures import APIFuture
+from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
+from plexrl.runtime import functions, remote
+from plexrl.runtime.arena import DeviceArena
+from plexrl.runtime.device_worker import StateSpec, WorkerReply, WorkerStep
+from plexrl.runtime.events import EventLog, job_events
+from plexrl.runtime.host_buffers import SharedHostBuffers
+from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
+from plexrl.runtime.state import ModelState, load_module, skeleton_like
+from plexrl.runtime.state_manager import StateManager
+from plexrl.runtime.telemetry import Telemetry
+
+RESTART_TIMEOUT_S = 300.0
+RESTART_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call as it crosses from a front to a node: never a closure, never model state."""
+
+    request_id: int
+    job: str
+    state_id: str
+    fn: str
+    payload: dict
+    caller: int  # the front's number
+    seq: int  # the call's number among the front's calls of this model
+
+
+@dataclass(frozen=True)
+class Synced:
+    """A weight sync's outcome: the snapshot now holding the trainer's weights under `name`."""
+
+    snapshot: StateHandle
+    name: str
+
+
+class Node:
+    def __init__(self, node: int, devices: list[int], workers: dict, device_memory_bytes: int,
+                 host_memory_bytes: int, policy: str, workdir: str, shm_folder: str, epoch: float,
+                 event_log: str | None = None):
+        self.node = node
+        self.workers = workers  # device index -> DeviceWorker handle
+        import transformers.models.auto.modeling_auto  # noqa: F401  (see DeviceWorker.__init__)
+        self.telemetry = Telemetry(EventLog(event_log), epoch=epoch)  # the front's time axis
+        arenas = {d: DeviceArena(d, device_memory_bytes) for d in devices}  # budgets only: never allocated here
+        self.buffers = SharedHostBuffers(shm_folder)
+        self.writeback = self.buffers.flags(max(devices) + 1)  # set while a worker writes a host copy back
+        self._torn: set[str] = set()  # states whose host copy a dying worker left half written
+        self.changed = threading.Condition(threading.RLock())  # the node's one lock
+        self.sm = StateManager(node, arenas, host_memory_bytes, Path(workdir) / f"node{node}" / "spill",
+                               self.telemetry, self.buffers, self.changed, self._drop_copies)
+        self.group = GroupScheduler(node, devices, self.sm, Policy.parse(policy), self.telemetry, self.changed,
+                                    self._step_on_node)
+        self.recovery = {"worker_restarts": 0, "restored_states": 0, "lost_work_s": 0.0}
+        self._samplers: dict[tuple[str, str], str] = {}
+        self._versions: dict[tuple[str, str], int] = {}
+        self._order = threading.Lock()
+        self._next_seq: dict[tuple[int, str], int] = {}
+        self._early: dict[tuple[int, str], dict[int, Request]] = {}  # calls that overtook earlier ones
+        self._dispatchers = [threading.Thread(target=self._dispatch_loop, args=(d,), daemon=True,
+                                              name=f"plexrl-dispatch-{d}") for d in devices]
+        for thread in self._dispatchers:
+            thread.start()
+
+    # -- states ---------------------------------------------------------------------------------
+    def add_model(self, job: str, name: str, source: str, trainable: bool) -> StateHandle:
+        prepared = [worker.prepare.remote(source) for worker in self.workers.values()]  # meanwhile, there
+        state = ModelState(f"{job}/{name}", job, name, load_module(source), trainable, source)
+        self.sm.add(state, self.group.pending)
+        remote.get(prepared)  # every worker of the node can run the model from its first call on
+        return _handle(state)
+
+    def remove_job(self, job: str) -> None:
+        """Free every state of `job` once its queued calls are done."""
+        for sid in [sid for sid, s in list(self.sm.states.items()) if s.job == job]:
+            with self.changed:
+                while self.sm.states[sid].busy or self.group.pending(sid):
+                    self.changed.wait(0.01)
+                self._remove(sid)
+
+    def _drop_copies(self, state_id: str) -> None:
+        for worker in self.workers.values():
+            worker.drop.remote(state_id)  # not waited for: a worker runs its calls in order
+
+    def _remove(self, state_id: str) -> None:
+        self.sm.remove(state_id)
+        for worker in self.workers.values():
+            worker.forget.remote(state_id)
+
+    # -- calls ------------------------------------------------------------------------------------
+    def call(self, call: Call) -> Any:
+        """`enqueue` and block until the call is done (what a front calls through Ray)."""
+        return self.enqueue(call).result()
+
+    def enqueue(self, call: Call) -> APIFuture:
+        """Queue one call behind the earlier calls of its model from the same front; its future."""
+        request = Request(call.request_id, call.job, call.state_id, call.fn, call.payload,
+                          APIFuture(call.request_id), self.telemetry.now(), seq=call.request_id)
+        key = (call.caller, call.state_id)
+        with self._order:  # queue every call that is next in its sequence (this one may unblock later ones)
+            early = self._early.setdefault(key, {})
+            early[call.seq] = request
+            expected = self._next_seq.get(key, 0)
+            while expected in early:
+                self._submit(early.pop(expected))
+                expected += 1
+            self._next_seq[key] = expected
+        return request.future
+
+    def _submit(self, request: Request) -> None:
+        try:
+            self._check_not_torn(request)
+            self.group.submit(request)
+        except errors.StateLost as lost:
+            request.future.set_exception(lost)
+
+    def _check_not_torn(self, request: Request) -> None:
+        """A torn state takes nothing but a restore (load_state)."""
+        if request.state_id in self._torn and request.fn != "load_state":
+            raise errors.StateLost(self._torn_message(request.state_id, "died earlier"))
+
+    # -- the step: one request, on a device or on the node ----------------------------------------
+    def _dispatch_loop(self, device: int) -> None:
+        while (item := self.group.next_for(device)) is not None:
+            self._step(device, *item)
+
+    def _step(self, device: int, request: Request, plan: LoadPlan) -> None:
+        dispatched = self.telemetry.now()
+        self.telemetry.waited(request.job, dispatched - request.arrival_s)
+        self._emit(dispatched, "dispatch", request, device, switch=plan.is_switch)
+        result, error, timing = None, None, {}
+        try:
+            self._check_not_torn(request)  # it may have been torn while this call waited
+            steps = self._offload_elsewhere(plan, request.job, device)
+            sent = self.telemetry.now()  # the worker's steps start after the offloads elsewhere
+            reply: WorkerReply = remote.get(self.workers[device].run.remote(
+                [self._worker_step(t) for t in steps], request.fn, request.payload, request.state_id))
+            self._book(steps, reply, request, device, sent)
+            timing = {"wall_s": reply.wall_s, "device_s": reply.device_s}
+            result, error = reply.result, reply.error
+        except Exception as exc:
+            error = self._worker_died(device, request, dispatched, exc) if remote.is_gone(exc) else exc
+        self._finish(request, plan, device, result, error, timing)
+
+    def _step_on_node(self, request: Request, plan: LoadPlan) -> None:
+        """A node function, on the host copy (the group scheduler claimed the state)."""
+        started = self.telemetry.now()
+        self.telemetry.waited(request.job, started - request.arrival_s)
+        self._emit(started, "start", request, None)
+        result, error = None, None
+        try:
+            self._check_not_torn(request)
+            result = self._run_on_node(request, self.sm.states[request.state_id])
+        except Exception as exc:
+            error = exc
+        self._finish(request, plan, None, result, error, {})
+
+    def _finish(self, request: Request, plan: LoadPlan, device: int | None, result: Any,
+                error: BaseException | None, timing: dict) -> None:
+        """Book the end, free the state and the queue head, then resolve: a caller that sees the
+        result also sees the node's bookkeeping done."""
+        if error is not None:
+            error = as_user_error(getattr(error, "cause", None) or error, request)
+            self.telemetry.failed(request.job)
+        self._emit(self.telemetry.now(), "end", request, device, ok=error is None, **timing)
+        self.sm.release(plan, self.telemetry.now())
+        self.group.complete(request, error)
+        if error is not None:
+            request.future.set_exception(error)
+        else:
+            request.future.set_result(result)
+
+    def _run_on_node(self, request: Request, state: ModelState) -> Any:
+        if request.fn == "sync_weights":
+            return self._sync(state, request.payload["name"])
+        start, t0 = self.telemetry.now(), time.perf_counter()
+        result = functions.execute(request.fn, state, request.payload)
+        if request.fn == "save_state":
+            result, written = result
+            self.telemetry.transition(Transition(TransitionKind.MATERIALIZE, state.state_id, written), request.job,
+                                      written, time.perf_counter() - t0, self.node, start)
+        if request.function.mutates:
+            self.sm.forget_device_copy(state)  # the host copy changed: a device copy is stale now
+            self._torn.discard(state.state_id)  # restored: its host copy is whole again
+        return result
+
+    def _offload_elsewhere(self, plan: LoadPlan, job: str, device: int) -> list[Transition]:
+        """Run the plan's steps for other devices (the state itself resident elsewhere) there;
+        return the steps for `device`."""
+        mine = []
+        for t in self.sm.device_steps(plan):
+            if t.device == device:
+                mine.append(t)
+                continue
+            start, dirty = self.telemetry.now(), self.sm.states[t.state_id].dirty
+            try:
+                seconds = remote.get(self.workers[t.device].offload.remote(t.state_id, dirty))
+            except Exception as exc:
+                if not remote.is_gone(exc):
+                    raise
+                self.sm.lose_device(t.device)  # its copy is gone; the host copy is current
+                continue
+            self.sm.record(t, job, seconds, start, t.bytes if dirty else 0)
+        return mine
+
+    def _worker_step(self, t: Transition) -> WorkerStep:
+        state = self.sm.states[t.state_id]
+        if t.kind is TransitionKind.LOAD:
+            spec = StateSpec(state.state_id, state.job, state.name, state.source, state.trainable)
+            return WorkerStep(t.kind, t.state_id, spec, str(self.buffers.path_of(state.host)), t.offset,
+                              state.adam_step)
+        return WorkerStep(t.kind, t.state_id, dirty=state.dirty)
+
+    def _book(self, steps: list[Transition], reply: WorkerReply, request: Request, device: int, start: float) -> None:
+        for t, seconds in zip(steps, reply.steps_s):
+            moved = t.bytes if t.kind is TransitionKind.LOAD or self.sm.states[t.state_id].dirty else 0
+            self.sm.record(t, request.job, seconds, start, moved)
+            start += seconds
+        self._emit(start, "start", request, device)
+        state = self.sm.states[request.state_id]
+        state.adam_step = reply.adam_step
+        self.telemetry.executed(request.job, request.state_id, request.fn, device, reply.device_s, reply.wall_s)
+        if request.function.mutates:  # the write-through is a host snapshot: charged like a materialization
+            write = Transition(TransitionKind.MATERIALIZE, request.state_id, state.device_bytes)
+            self.telemetry.transition(write, request.job, state.device_bytes, reply.writeback_s, self.node,
+                                      self.telemetry.now())
+
+    # -- a worker that died ------------------------------------------------------------------------
+    def _worker_died(self, device: int, request: Request, dispatched: float, exc: BaseException) -> errors.PlexRLError:
+        lost_s = self.telemetry.now() - dispatched
+        torn = bool(self.writeback[device])
+        if torn:
+            self.writeback[device] = 0
+            self._torn.add(request.state_id)
+        restored = [sid for sid in self.sm.lose_device(device) if sid not in self._torn]
+        self.recovery["worker_restarts"] += 1
+        self.recovery["restored_states"] += len(restored)
+        self.recovery["lost_work_s"] += lost_s
+        self.telemetry.events.emit(self.telemetry.now(), "worker_failed", node=self.node, device=device,
+                                   request_id=request.id, job=request.job, model=request.state_id,
+                                   restored=restored, lost_work_s=lost_s, cause=type(exc).__name__,
+                                   torn=[request.state_id] if torn else [])
+        self._await_restart(device)
+        if torn:
+            return errors.StateLost(self._torn_message(request.state_id, f"died while writing back {request.fn}'s result"))
+        return errors.WorkerFailed(
+            f"the worker of device {device} on node {self.node} died while running {request.fn} on "
+            f"{request.state_id!r}; the call did not take effect (its state is back to its last completed call) "
+            "and may be submitted again")
+
+    def _torn_message(self, state_id: str, what: str) -> str:
+        return (f"model {state_id!r} is lost: its worker {what}, leaving its host copy half written; restore it "
+                "from a checkpoint with load_state_with_optimizer(path) (load_state for weights only) before using it")
+
+    def _await_restart(self, device: int) -> None:
+        """Hold this device's dispatcher until the host has restarted its worker, so that no
+        further request is sent to (and failed by) a worker that is not back yet."""
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                remote.get(self.workers[device].ping.remote(), timeout=RESTART_TIMEOUT_S)
+                self.telemetry.events.emit(self.telemetry.now(), "worker_restarted", node=self.node, device=device)
+                return
+            except Exception as exc:
+                if not remote.is_gone(exc):
+                    raise
+                time.sleep(RESTART_POLL_S)  # the new process is still starting
+        raise RuntimeError(f"the worker of device {device} on node {self.node} did not restart "
+                           f"within {RESTART_TIMEOUT_S} s")
+
+    # -- weight sync (on the node: host copies are current by write-through) ----------------------
+    def _sync(self, trainer: ModelState, name: str) -> Synced:
+        """`trainer`'s weights become its sampler snapshot `name`'s: in place when nobody uses the
+        snapshot, else in a new version (the old one retires once its queued calls drain)."""
+        weights = trainer.segment(trainer.host, 0)
+        key = (trainer.state_id, name)
+        with self.changed:
+            current = self._samplers.get(key)
+            snapshot = self.sm.states.get(current) if current else None
+            reusable = (snapshot is not None and not snapshot.busy and self.group.pending(current) == 0
+                        and snapshot.tier is not Tier.DISK)
+            if reusable:
+                snapshot.busy = True
+                self.sm.forget_device_copy(snapshot)  # its device copy is stale now; the next use loads it again
+        if reusable:
+            self.sm.materialize(snapshot, trainer.job, lambda: snapshot.host.copy_(weights).numel() * 4)
+            with self.changed:
+                snapshot.busy = False
+                self.changed.notify_all()
+            return Synced(_handle(snapshot), name)
+        version = self._versions[key] = self._versions.get(key, 0) + 1
+        fresh = ModelState(f"{trainer.state_id}@{name}.v{version}", trainer.job, f"{trainer.name}@{name}",
+                           skeleton_like(trainer.module), False, trainer.source)
+        self.sm.add(fresh, self.group.pending, initial=weights, holding=frozenset({trainer.state_id}))
+        self._samplers[key] = fresh.state_id
+        if snapshot is not None:
+            self.group.retire(snapshot.state_id, lambda sid=snapshot.state_id: self._remove(sid))
+        return Synced(_handle(fresh), name)
+
+    # -- observability and lifecycle ---------------------------------------------------------------
+    def _emit(self, t: float, event: str, request: Request, device: int | None, **extra) -> None:
+        self.telemetry.events.emit(t, event, request_id=request.id, job=request.job, model=request.state_id,
+                                   fn=request.fn, device=device, node=self.node, **extra)
+
+    def summary(self) -> dict:
+        out = self.telemetry.summary()
+        out["recovery"] = dict(self.recovery)
+        with self.changed:
+            out["residency"] = {sid: f"device:{s.device}" if s.tier is Tier.DEVICE else s.tier.value
+                                for sid, s in self.sm.states.items()}
+        return out
+
+    def events(self, job: str | None = None) -> list[dict]:
+        return job_events(self.telemetry.events.snapshot(), job)
+
+    def where(self) -> str:
+        """The Ray node id this node runs on (affinity checks; Ray engine only)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def state_ids(self) -> list[str]:
+        with self.changed:
+            return sorted(self.sm.states)
+
+    def close(self) -> None:
+        self.group.close()
+        for thread in self._dispatchers:
+            thread.join(timeout=60)
+        self.buffers.release_all()
+
+
+def _handle(state: ModelState) -> StateHandle:
+    return StateHandle(state.state_id, state.job, state.name, state.source, state.trainable, state.device_bytes,
+                       state.host_bytes)

@@ -1,0 +1,51 @@
+"""How runtime pieces reach each other, whatever hosts them (DESIGN §8).
+
+Every handle looks like a Ray actor handle: `handle.method.remote(*args)` returns a reference.
+A reference is a `concurrent.futures.Future` (the local and process engines, engines/hosting.py)
+or a Ray object reference (the Ray engine). These helpers treat both alike and import Ray only
+when they meet a Ray reference, so the local and process engines run where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import Future
+from typing import Any
+
+
+class WorkerGone(RuntimeError):
+    """The process hosting a piece died while a call was in flight (or before it was sent)."""
+
+
+def get(ref: Any, timeout: float | None = None) -> Any:
+    """The value of a reference (or of each in a list), waiting for it."""
+    if isinstance(ref, list):
+        return [get(r, timeout) for r in ref]
+    if isinstance(ref, Future):
+        return ref.result(timeout)
+    import ray
+
+    return ray.get(ref, timeout=timeout)
+
+
+def as_future(ref: Any):
+    """Something with `add_done_callback` whose argument has `.result()`: a Future or APIFuture
+    as it is, a Ray reference's future."""
+    return ref if hasattr(ref, "add_done_callback") else ref.future()
+
+
+def is_gone(exc: BaseException) -> bool:
+    """Whether `exc` says the piece called is gone (its process died, its actor is unreachable)."""
+    if isinstance(exc, WorkerGone):
+        return True
+    ray = sys.modules.get("ray")  # a Ray error can only come from a Ray engine, which imported it
+    return ray is not None and isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
+
+
+def kill(handle: Any) -> None:
+    if callable(getattr(type(handle), "kill", None)):  # a host of engines/hosting.py
+        handle.kill()
+        return
+    import ray
+
+    ray.kill(handle)
