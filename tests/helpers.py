@@ -40,3 +40,23 @@ def weights(cluster, client):
     import torch
 
     return torch.from_numpy(cluster.fetch_weights(client.state))
+
+
+def run_with_blocked_imports(blocked: tuple[str, ...], body: str, timeout: float = 300):
+    """Run `body` (Python source) in a fresh interpreter where importing any of `blocked` (top-level
+    package names) raises ImportError, then check none of them got loaded. The finished process."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {blocked!r}:
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+{body}
+loaded = sorted(n for n in sys.modules if n.split('.')[0] in {blocked!r})
+assert not loaded, loaded
+"""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import ast
 import pkgutil
-import subprocess
-import sys
 from pathlib import Path
 
 import plexrl.policy
+from tests.helpers import run_with_blocked_imports
 
 POLICY_DIR = Path(plexrl.policy.__file__).parent
 BLOCKED = ("torch", "ray", "transformers", "safetensors", "tokenizers")
@@ -16,21 +15,13 @@ BLOCKED = ("torch", "ray", "transformers", "safetensors", "tokenizers")
 
 def test_policy_imports_with_heavy_libraries_unimportable():
     modules = [f"plexrl.policy.{m.name}" for m in pkgutil.iter_modules([str(POLICY_DIR)])]
-    script = f"""
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in {BLOCKED!r}:
-            raise ImportError('blocked: ' + name)
-sys.meta_path.insert(0, Block())
+    body = f"""
 import importlib
 for m in {modules!r}:
     importlib.import_module(m)
-loaded = sorted(n for n in sys.modules if n.split('.')[0] in {BLOCKED!r})
-assert not loaded, loaded
 print('ok', len({modules!r}))
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = run_with_blocked_imports(BLOCKED, body, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
 
