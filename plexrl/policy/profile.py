@@ -57,6 +57,9 @@ class JobProfile:
     models: tuple[ModelMemory, ...]
     slack: float = DEFAULT_SLACK
     replica_devices: int = 1  # devices that must share a node (one tensor-parallel model replica)
+    # Its calls, for the co-tenancy model (`placement.wait_inflation`); 0 = not known.
+    barriers: int = 0  # phases per step: call groups that must all end before the step moves on
+    residual_s: float = 0.0  # per device: sum of its calls' seconds^2 / (2 * period_s)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "demand", tuple(float(d) for d in self.demand))
@@ -77,6 +80,8 @@ class JobProfile:
             raise ValueError(f"{where}: needs at least one model (its memory is what gets placed)")
         if not self.slack >= 0:
             raise ValueError(f"{where}: slack must be >= 0 (a fraction of the step), got {self.slack}")
+        if self.barriers < 0 or not self.residual_s >= 0:
+            raise ValueError(f"{where}: barriers and residual_s must be >= 0, got {self.barriers} and {self.residual_s}")
         if self.replica_devices < 1 or self.devices % self.replica_devices:
             raise ValueError(
                 f"{where}: replica_devices = {self.replica_devices} must be >= 1 and divide "

@@ -1,8 +1,8 @@
 """Placement answers shared by the PlexRL modes of one `simulate` call: exact memoisation.
 
 `Placer.place` is deterministic: its answer depends only on the placer's configuration, the
-state its earlier operations left (every place, with its profile and time, and every release,
-in order) and the call's arguments. Modes that ask the same questions in the same order (the
+state its earlier operations left (every place, with its profile and time, every measured
+inflation it was told of, and every release, in order) and the call's arguments. Modes that ask the same questions in the same order (the
 request policies, until a job ends at a different time in one of them) get the same answers,
 so `MemoPlacer` asks its placer once per (configuration, history, profile, time) and replays
 the answer in the other modes, making exactly the state change the placer would have made:
@@ -47,6 +47,10 @@ class MemoPlacer:
                 self.placer.commit(profile, answer, now)
         self._history = key
         return answer
+
+    def observe(self, job: str, inflation: float) -> None:
+        self.placer.observe(job, inflation)
+        self._history = (self._history, "observe", job, inflation)
 
     def release(self, job: str) -> None:
         self.placer.release(job)

@@ -7,7 +7,9 @@ its node groups are the cluster's; each node group is one `Group` whose schedule
 the requests of every job placed on it (`group.py`). A job's state shards stay on the GPUs it
 was placed on (affinity: no migration), laid out node by node so a replica's `tp` GPUs share
 a node whenever the placer gave the job whole replicas per node. A placement's phase shift
-delays the job's first step by that much. A job is charged what it consumed: execution plus
+delays the job's first step by that much. The loop is closed: as a job's steps end, its
+measured inflation goes back to the placer (`Placer.observe`), which judges its tenants by it
+when the next job asks for their devices. A job is charged what it consumed: execution plus
 the switch-in its dispatches caused, per GPU. Each rollout call is one replica, so GPUs come
 back as their replicas finish; and each rollout's long tail is consolidated onto
 `TAIL_REPLICAS` replicas (`latency.consolidated_shards`); `plexrl-wholetail` turns that off.
@@ -20,6 +22,7 @@ from typing import Callable
 
 from plexrl.policy.admission import AdmissionQueue
 from plexrl.policy.placement import FirstFit, Placement, Placer
+from plexrl.policy.profile import JobProfile
 from plexrl.policy.resources import ResourceView
 from plexrl.sim.group import Group
 from plexrl.sim.latency import gpu_arena_bytes
@@ -31,6 +34,7 @@ from plexrl.sim.service import SimJob
 from plexrl.errors import ConfigError
 from plexrl.sim.workload import GB, Cluster
 
+MEASURED_STEPS = 3  # steps a job's measured inflation averages over (closed loop)
 SLOT_S = 5.0  # placer horizon slot: 1,024 slots cover ~85 minutes, a few steps of most jobs
 HORIZON_SLOTS = 1024
 
@@ -68,7 +72,8 @@ class PlexRLMode(Mode):
     consolidates_tail = True
     exclusive_groups = False  # jobs share node groups: every call goes through the request policy
 
-    def __init__(self, *args, placer: Callable[..., Placer] = Placer, consolidate_tail: bool = True, **kwargs):
+    def __init__(self, *args, placer: Callable[..., Placer] = Placer, consolidate_tail: bool = True,
+                 feedback: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.consolidates_tail = consolidate_tail
         view = resource_view(self.cluster)
@@ -79,6 +84,10 @@ class PlexRLMode(Mode):
         self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S))
         self.by_name: dict[str, SimJob] = {}
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
+        self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
+        self.profiles: dict[str, JobProfile] = {}
+        if feedback:
+            self.service.on_step = self._measure
 
     def run(self, plans: StepPlans | None = None, placements: PlacementMemo | None = None) -> ModeResult:
         if placements is not None:
@@ -91,6 +100,7 @@ class PlexRLMode(Mode):
         if len(self.empty_view.feasible_groups(profile)) == 0:
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
+        self.profiles[job.name] = profile
         decision = self.admission.submit(profile, self.loop.now)
         if isinstance(decision, Placement):
             self._launch(job, decision)
@@ -113,6 +123,16 @@ class PlexRLMode(Mode):
         self.forecasts[job.name] = Forecast(self.loop.now)
         self._forecast(self._cotenants(job) | {job.name})
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
+
+    def _measure(self, job: SimJob) -> None:
+        """Closed loop: tell the placer the job's measured inflation, its last `MEASURED_STEPS`
+        steps against its profile's period (what a runtime measures too), when it moved by a
+        point or more."""
+        recent = job.step_times[-MEASURED_STEPS:]
+        inflation = round(sum(recent) / (len(recent) * self.profiles[job.name].period_s) - 1, 2)
+        if self.measured.get(job.name) != inflation:
+            self.measured[job.name] = inflation
+            self.admission.placer.observe(job.name, inflation)
 
     def _cotenants(self, job: SimJob) -> set[str]:
         return {r.job for w in job.workers["trainer"] for r in w.states.values()} - {job.name}

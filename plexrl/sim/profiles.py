@@ -2,7 +2,8 @@
 
 The profile is the one a job brings with it (DESIGN §6: "profiled from its first steps or
 given"): how many of its GPUs are busy over one solo step, with every state resident, in
-`SLOTS` equal slots, and the bytes each of its states needs per GPU.
+`SLOTS` equal slots, the bytes each of its states needs per GPU, and the moments of its calls
+that the placer's co-tenancy model reads (`call_moments`).
 """
 
 from __future__ import annotations
@@ -53,5 +54,16 @@ def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_ta
         phases = plan_step(job, costs, first_step(job, seed, index), job.gpus, job.gpus, consolidate_tail)
     demand, period = demand_per_slot(phases)
     models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
+    barriers, residual_s = call_moments(phases, period)
     return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack,
-                      replica_devices=job.tp)
+                      replica_devices=job.tp, barriers=barriers, residual_s=residual_s)
+
+
+def call_moments(phases: list[Phase], period: float) -> tuple[int, float]:
+    """(device phases per step, the sum of its phases' seconds^2 / (2 period)): what the
+    placer's co-tenancy model reads of a job's calls (`JobProfile.barriers`, `residual_s`). A
+    phase lasts until its slowest call ends: a co-tenant's phase that needs those devices
+    (all of them, as a barrier) waits for that one."""
+    device = [p for p in phases if p.state is not None]
+    squares = sum(max(p.shard_s) ** 2 for p in device)
+    return len(device), squares / (2 * period) if period > 0 else 0.0

@@ -118,6 +118,7 @@ class Service:
         self._together: dict[SimJob, tuple[list[float], list[tuple[SimWorker, ...]]]] = {}  # (ends, gangs)
         self.policy = policy
         self.on_job_done = on_job_done
+        self.on_step: Callable[[SimJob], None] | None = None  # called as each step of a job ends
         self.ledger = Ledger()
         self.estimator = ExecEstimator(prior_s=prior_s)
         self.busy = array("d")  # every call's (start, end, GPUs), flat
@@ -147,6 +148,8 @@ class Service:
             return
         job.step_times.append(now - job.step_start)
         job.step += 1
+        if self.on_step is not None:
+            self.on_step(job)
         if job.step < job.spec.steps:
             self._begin_step(job)
         else:

@@ -1,0 +1,111 @@
+"""The placer's co-tenancy model with call moments (`wait_inflation`) and the closed loop
+(`Placer.observe`): named cases with the arithmetic written out, and the fallback to fluid
+sharing when a profile does not know its calls."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from plexrl.policy.placement import Placement, Placer, Wait, wait_inflation
+from plexrl.policy.profile import JobProfile, ModelMemory
+from plexrl.policy.resources import ResourceView
+
+GiB = 2**30
+
+
+def view(groups: int = 1) -> ResourceView:
+    return ResourceView.uniform(1, groups, 1, 2, 10 * GiB, 100 * GiB)
+
+
+def job(name: str, demand, barriers: int = 0, residual_s: float = 0.0, slack: float = 0.10,
+        period_s: float | None = None) -> JobProfile:
+    return JobProfile(name, float(period_s or len(demand)), tuple(demand), 2, (ModelMemory("m", GiB, GiB),), slack,
+                      barriers=barriers, residual_s=residual_s)
+
+
+BUSY = (2, 2, 2, 2, 2, 2, 0, 0)  # busy 6 of 8 s per device: two such jobs cannot take turns
+SHORT = (2, 2, 0, 0, 0, 0, 0, 0)  # busy 2 s, idle 6 s: two such jobs take turns
+
+
+WAITS = {
+    # name: (job, [(tenant, fraction shared)], expected inflation)
+    "alone": (job("a", BUSY, 4, 1.0), [], 0.0),
+    # 4 barriers x (1.0 s residual x all devices shared) / 8 s period
+    "random phases: each barrier waits the tenant's mean residual": (
+        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 1.0)], 4 * 1.0 / 8),
+    "half the devices shared: half the wait": (
+        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 0.5)], 4 * 0.5 / 8),
+    "two tenants add up": (
+        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 1.0), (job("c", BUSY, 3, 2.0), 1.0)], 4 * 3.0 / 8),
+    # busy 2 s each, idle stretch 6 s: they take turns and the faster one locks onto the slower's period
+    "interleaving jobs lock onto the slower period": (
+        job("a", SHORT, 2, 1.0), [(job("b", SHORT, 2, 1.0, period_s=10.0), 1.0)], 10.0 / 8 - 1),
+    "the slower of two interleaving jobs is not slowed": (
+        job("a", SHORT, 2, 1.0, period_s=10.0), [(job("b", SHORT, 2, 1.0), 1.0)], 0.0),
+}
+
+
+@pytest.mark.parametrize("name", WAITS)
+def test_wait_inflation_table(name):
+    profile, tenants, expected = WAITS[name]
+    assert wait_inflation(profile, tenants) == pytest.approx(expected)
+
+
+def test_admission_uses_the_call_model_when_every_profile_knows_its_calls():
+    placer = Placer(view(), horizon_slots=64, slot_s=1.0)
+    assert isinstance(placer.place(job("a", BUSY, 4, 0.1), 0.0), Placement)
+    # fluid sharing would refuse b (both busy 6 of 8 s: the best shift overlaps them 4 s);
+    # its calls are short (residual 0.1 s): 4 barriers x 0.1 s / 8 s = 5%, within 10%
+    decision = placer.place(job("b", BUSY, 4, 0.1), 0.0)
+    assert isinstance(decision, Placement) and decision.inflation == pytest.approx(0.05)
+    assert placer.inflation_of("a") == pytest.approx(0.05)
+    fluid = Placer(view(), horizon_slots=64, slot_s=1.0)
+    fluid.place(job("a", BUSY), 0.0)
+    assert isinstance(fluid.place(job("b", BUSY), 0.0), Wait)
+
+
+def test_long_calls_make_a_newcomer_wait():
+    placer = Placer(view(), horizon_slots=64, slot_s=1.0)
+    placer.place(job("a", BUSY, 4, 1.0), 0.0)
+    decision = placer.place(job("b", BUSY, 4, 1.0), 0.0)  # 4 x 1.0 / 8 = 50%
+    assert isinstance(decision, Wait) and "slowed by 50%" in decision.reason
+
+
+def test_a_tenant_measured_past_its_slack_takes_nobody_onto_its_devices():
+    placer = Placer(view(), horizon_slots=64, slot_s=1.0)
+    placer.place(job("a", BUSY, 4, 0.1), 0.0)
+    newcomer = job("b", BUSY, 4, 0.1, slack=1.0)
+    assert isinstance(Placer(view(), 64, 1.0).decide(newcomer, 0.0), Placement)
+    placer.observe("a", 0.12)  # a runs 12% slow (measured): beyond its 10% slack
+    decision = placer.decide(newcomer, 0.0)
+    assert isinstance(decision, Wait) and "would slow job 'a'" in decision.reason
+
+
+def test_a_tenant_measured_under_its_prediction_makes_room():
+    placer = Placer(view(), horizon_slots=64, slot_s=1.0)
+    placer.place(job("a", BUSY, 4, 0.1, slack=0.08), 0.0)
+    placer.place(job("b", BUSY, 4, 0.1, slack=1.0), 0.0)  # a predicted at 5%
+    third = job("c", BUSY, 4, 0.1, slack=1.0)  # would add 5% more: 10% > a's 8%
+    assert isinstance(placer.decide(third, 0.0), Wait)
+    placer.observe("a", 0.01)  # measured: 1%, so 1% + 5% fits its 8%
+    assert isinstance(placer.decide(third, 0.0), Placement)
+
+
+def test_observations_of_a_released_job_are_forgotten():
+    placer = Placer(view(), horizon_slots=64, slot_s=1.0)
+    placer.place(job("a", BUSY, 4, 0.1), 0.0)
+    placer.observe("a", 0.5)
+    placer.release("a")
+    placer.place(job("a", BUSY, 4, 0.1), 0.0)
+    assert isinstance(placer.decide(job("b", BUSY, 4, 0.1), 0.0), Placement)
+
+
+def test_profiles_without_calls_keep_fluid_sharing():
+    with_calls, without = Placer(view(), 64, 1.0), Placer(view(), 64, 1.0)
+    with_calls.place(job("a", BUSY, 4, 0.1), 0.0)
+    without.place(job("a", BUSY), 0.0)
+    mixed = with_calls.decide(replace(job("b", BUSY), slack=1.0), 0.0)  # b does not know its calls
+    fluid = without.decide(replace(job("b", BUSY), slack=1.0), 0.0)
+    assert mixed == fluid
