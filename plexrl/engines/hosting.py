@@ -31,7 +31,7 @@ from typing import Any
 
 import cloudpickle
 
-from plexrl.runtime.remote import WorkerGone
+from plexrl.runtime.remote import Done, WorkerGone
 
 
 class _Method:
@@ -75,13 +75,11 @@ class InlineActor:
             raise AttributeError(name)
         return _Method(self._run, name)
 
-    def _run(self, name: str, args: tuple) -> Future:
-        future: Future = Future()
+    def _run(self, name: str, args: tuple) -> Done:
         try:
-            future.set_result(getattr(self.target, name)(*args))
+            return Done(getattr(self.target, name)(*args))
         except Exception as exc:  # the caller's error, as from any other host
-            future.set_exception(exc)
-        return future
+            return Done(error=exc)
 
     def kill(self) -> None:
         pass

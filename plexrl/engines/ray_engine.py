@@ -83,7 +83,7 @@ class RayCluster(Front):
         return ControlActor.options(num_cpus=0, max_concurrency=CONTROL_THREADS, name=name,
                                     scheduling_strategy=here).remote(*args)
 
-    def _send(self, group: int, call: Call):
+    def _send(self, group: int, call: Call, future=None):
         return self.nodes[group].call.remote(call)
 
     def _device_name(self, torch_device: str, index: int) -> str:

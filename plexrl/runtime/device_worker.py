@@ -106,7 +106,8 @@ class DeviceWorker:
         A function's own failure is returned (the transitions before it did happen); only a
         broken transition raises. On a logical CPU device the time charged is this thread's CPU
         time (the cores are shared with controllers); on CUDA, wall time."""
-        torch.set_num_threads(self.threads)  # per call: the executing thread may be a host's, not ours
+        if torch.get_num_threads() != self.threads:  # per call: the executing thread may be a host's, not ours
+            torch.set_num_threads(self.threads)
         seconds = tuple(self._transition(step) for step in steps)
         state = self.states[state_id]
         assert state.tier is Tier.DEVICE and state.device == self.device, f"{state_id} is not resident on {self.device}"

@@ -135,9 +135,10 @@ class Front(NodeRecovery):
     def _host_control(self, name: str, args: tuple):
         raise NotImplementedError
 
-    def _send(self, group: int, call: Call):
-        """Hand a call to its node; a reference to its result (the node's future in this process)."""
-        return self.nodes[group].target.enqueue(call)
+    def _send(self, group: int, call: Call, future: APIFuture | None):
+        """Hand a call to its node; a reference to its result. A node in this process resolves
+        `future` itself when one is given (and returns it)."""
+        return self.nodes[group].target.enqueue(call, future)
 
     def _device_name(self, torch_device: str, index: int) -> str:
         """Device `index`'s torch device: logical devices share the GPUs this process sees."""
@@ -227,8 +228,11 @@ class Front(NodeRecovery):
         with self._lock:
             seq = self._seq[(state.state_id, group)]
             self._seq[(state.state_id, group)] += 1
-        ref = self._send(group, Call(future.request_id, state.job, state.state_id, fn, payload or {}, self.front, seq))
-        remote.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group, payload))
+        call = Call(future.request_id, state.job, state.state_id, fn, payload or {}, self.front, seq)
+        booked = fn in ("sync_weights", "save_state")  # their results pass through the control plane
+        ref = self._send(group, call, None if booked else future)
+        if ref is not future:
+            remote.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group, payload))
         return future
 
     def _route(self, state: StateHandle) -> int | None:

@@ -121,10 +121,11 @@ class Node:
         """`enqueue` and block until the call is done (what a front calls through Ray)."""
         return self.enqueue(call).result()
 
-    def enqueue(self, call: Call) -> APIFuture:
-        """Queue one call behind the earlier calls of its model from the same front; its future."""
+    def enqueue(self, call: Call, future: APIFuture | None = None) -> APIFuture:
+        """Queue one call behind the earlier calls of its model from the same front; its future
+        (`future` when the caller, in this process, gives its own)."""
         request = Request(call.request_id, call.job, call.state_id, call.fn, call.payload,
-                          APIFuture(call.request_id), self.telemetry.now(), seq=call.request_id)
+                          future or APIFuture(call.request_id), self.telemetry.now(), seq=call.request_id)
         key = (call.caller, call.state_id)
         with self._order:  # queue every call that is next in its sequence (this one may unblock later ones)
             early = self._early.setdefault(key, {})

@@ -1,8 +1,8 @@
 """How runtime pieces reach each other, whatever hosts them (DESIGN §8).
 
 Every handle looks like a Ray actor handle: `handle.method.remote(*args)` returns a reference.
-A reference is a `concurrent.futures.Future` (the local and process engines, engines/hosting.py)
-or a Ray object reference (the Ray engine). These helpers treat both alike and import Ray only
+A reference is a `concurrent.futures.Future` (the local and process engines, engines/hosting.py),
+a `Done` (a call already run on the caller's thread) or a Ray object reference (the Ray engine). These helpers treat both alike and import Ray only
 when they meet a Ray reference, so the local and process engines run where Ray is not installed.
 """
 
@@ -17,11 +17,28 @@ class WorkerGone(RuntimeError):
     """The process hosting a piece died while a call was in flight (or before it was sent)."""
 
 
+class Done:
+    """The reference an inline call returns: already resolved (cheaper than a Future)."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def add_done_callback(self, fn) -> None:
+        fn(self)
+
+
 def get(ref: Any, timeout: float | None = None) -> Any:
     """The value of a reference (or of each in a list), waiting for it."""
     if isinstance(ref, list):
         return [get(r, timeout) for r in ref]
-    if isinstance(ref, Future):
+    if isinstance(ref, (Future, Done)):
         return ref.result(timeout)
     import ray
 
