@@ -128,3 +128,33 @@ def test_ready_queue_matches_a_dict(ops):
     assert sorted(q.keys()) == sorted(ref)
     for slot, key in enumerate(q.keys()):
         assert q.arrival[slot] == float(ref[key]) and q.nbytes[slot] == ref[key]
+
+
+SLACK_CASES = {
+    # name: (policy, rows (key, arrival, est, deadline), now, expected)
+    # "b" would win on response ratio (it waited longer for the same service) ...
+    "without deadlines the response ratio decides": (Policy.PLEXRL, [("a", 9.0, 1.0, np.inf), ("b", 0.0, 1.0, np.inf)], 10.0, "b"),
+    # ... unless "a" cannot wait another service time (1 s) without overrunning its slack
+    "a request about to overrun its slack goes first": (Policy.PLEXRL, [("a", 9.0, 1.0, 10.5), ("b", 0.0, 1.0, np.inf)], 10.0, "a"),
+    "slack left for more than its service time: no hurry": (Policy.PLEXRL, [("a", 9.0, 1.0, 11.5), ("b", 0.0, 1.0, np.inf)], 10.0, "b"),
+    "two urgent requests: the response ratio decides between them": (
+        Policy.PLEXRL, [("a", 9.0, 1.0, 10.5), ("b", 0.0, 1.0, 10.0)], 10.0, "b"),
+    "only plexrl reads deadlines": (Policy.HRRN, [("a", 9.0, 1.0, 10.5), ("b", 0.0, 1.0, np.inf)], 10.0, "b"),
+}
+
+
+@pytest.mark.parametrize("name", SLACK_CASES)
+def test_slack_cases(name):
+    policy, rows, now, expected = SLACK_CASES[name]
+    q = ReadyQueue(capacity=1)  # grows: the deadlines must survive it
+    for seq, (key, arrival, est, deadline) in enumerate(rows):
+        q.add(key, arrival, est, 0.0, 0, seq, deadline=deadline)
+    assert choose(policy, q, 0, 0.0, now) == expected
+
+
+def test_deadlines_move_with_their_requests_on_removal():
+    q = ReadyQueue(capacity=4)
+    for seq, (key, deadline) in enumerate([("a", 1.0), ("b", 2.0), ("c", 3.0)]):
+        q.add(key, 0.0, 1.0, 0.0, 0, seq, deadline=deadline)
+    q.remove("a")  # "c" moves into a's slot
+    assert {q.key_at(i): q.deadline[i] for i in range(len(q))} == {"b": 2.0, "c": 3.0}

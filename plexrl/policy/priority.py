@@ -7,6 +7,13 @@ For request i and a device whose arena holds the states `resident`:
 `hrrn` is the same without the switch term, `sjf` takes the smallest E_i, `fcfs` the earliest
 arrival. Ties go to the earlier submission. Non-preemptive at function granularity.
 
+Slack (paper, Fig. 8 text; `plexrl` only): a request may carry the time its job's slack for
+the current step runs out (`ReadyQueue.add(..., deadline=...)`: its arrival plus the step's
+slack in seconds less the delay already injected into the step). A request that cannot
+wait another service time without overrunning it, `deadline - t <= S_i`, goes before every
+request that can; among such requests the priority above decides. Without deadlines (inf,
+the default) nothing changes.
+
 Affinity: a request whose state is resident on another device that is idle right now belongs to
 that device — taking it would move the state between devices (offload there, load here) to run
 what its own device can start at once. `choose(..., idle=...)` leaves such requests alone.
@@ -40,6 +47,7 @@ class Policy(str, Enum):
 
 
 _MIN_SERVICE_S = 1e-6  # keeps P finite for zero-cost estimates
+_URGENT = 1e12  # added to the priority of a request about to overrun its job's slack
 
 
 class ReadyQueue:
@@ -59,6 +67,7 @@ class ReadyQueue:
         self.resident_on = np.full(capacity, -1, dtype=np.int64)
         self.seq = np.zeros(capacity, dtype=np.int64)
         self.nbytes = np.zeros(capacity)
+        self.deadline = np.full(capacity, np.inf)  # when its job's slack for the step runs out
 
     def __len__(self) -> int:
         return self._n
@@ -70,7 +79,8 @@ class ReadyQueue:
         return list(self._slot_key[: self._n])
 
     def add(
-        self, key: object, arrival: float, est: float, load_s: float, resident_on: int, seq: int, nbytes: int = 0
+        self, key: object, arrival: float, est: float, load_s: float, resident_on: int, seq: int, nbytes: int = 0,
+        deadline: float = np.inf,
     ) -> None:
         if key in self._key_to_slot:
             raise KeyError(f"{key!r} is already queued")
@@ -79,6 +89,7 @@ class ReadyQueue:
         i = self._n
         self.arrival[i], self.est[i], self.load_s[i] = arrival, est, load_s
         self.resident_on[i], self.seq[i], self.nbytes[i] = resident_on, seq, nbytes
+        self.deadline[i] = deadline
         self._key_to_slot[key] = i
         self._slot_key.append(key) if i == len(self._slot_key) else self._slot_key.__setitem__(i, key)
         self._n += 1
@@ -87,7 +98,7 @@ class ReadyQueue:
         i = self._key_to_slot.pop(key)
         last = self._n - 1
         if i != last:
-            for arr in (self.arrival, self.est, self.load_s, self.resident_on, self.seq, self.nbytes):
+            for arr in (self.arrival, self.est, self.load_s, self.resident_on, self.seq, self.nbytes, self.deadline):
                 arr[i] = arr[last]
             moved = self._slot_key[last]
             self._slot_key[i] = moved
@@ -111,9 +122,10 @@ class ReadyQueue:
 
     def _grow(self) -> None:
         cap = 2 * len(self.arrival)
-        for name in ("arrival", "est", "load_s", "resident_on", "seq", "nbytes"):
+        fill = {"resident_on": -1, "deadline": np.inf}
+        for name in ("arrival", "est", "load_s", "resident_on", "seq", "nbytes", "deadline"):
             old = getattr(self, name)
-            new = np.full(cap, -1, dtype=old.dtype) if name == "resident_on" else np.zeros(cap, dtype=old.dtype)
+            new = np.full(cap, fill.get(name, 0), dtype=old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
 
@@ -143,6 +155,8 @@ def priorities(
     if policy is Policy.PLEXRL:
         switching = queue.resident_on[:n] != device
         service = est + switching * (queue.load_s[:n] + offload_s)
+        score = 1.0 + wait / np.maximum(service, _MIN_SERVICE_S)
+        return score + _URGENT * (queue.deadline[:n] - now <= service)
     return 1.0 + wait / np.maximum(service, _MIN_SERVICE_S)
 
 

@@ -42,10 +42,12 @@ class Group:
         for w in workers:
             w.group = self
 
-    def add(self, key: int, req: Request, est_s: float) -> None:
+    def add(self, key: int, req: Request, est_s: float, deadline: float = np.inf) -> None:
+        """Queue `req`; `deadline`: when its job's slack for the step runs out (the priority's slack term)."""
         lead = req.gang[0]
         nbytes = lead.states[req.state_id].nbytes
-        self.queue.add(key, req.arrival, est_s, lead.load_estimate_s(req.state_id), _NOT_RESIDENT, key, nbytes)
+        self.queue.add(key, req.arrival, est_s, lead.load_estimate_s(req.state_id), _NOT_RESIDENT, key, nbytes,
+                       deadline)
         self.waiting[key] = req
 
     def pending_states(self, worker: SimWorker) -> set[str]:

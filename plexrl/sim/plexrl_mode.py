@@ -101,6 +101,7 @@ class PlexRLMode(Mode):
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
         self.profiles[job.name] = profile
+        job.slack_s = job.spec.slack * profile.period_s
         decision = self.admission.submit(profile, self.loop.now)
         if isinstance(decision, Placement):
             self._launch(job, decision)

@@ -65,6 +65,9 @@ class SimJob:
     submitted: int = 0
     served: int = 0
     consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas
+    slack_s: float = float("inf")  # delay a step may take on: slack x its profile's period (PlexRL)
+    step_delay_s: float = 0.0  # delay injected into the current step: its phases' waits
+    phase_start: float = 0.0
     plans: StepPlans = field(default_factory=StepPlans)  # shared with other modes of the workload: planned once
     _units: dict[tuple[str, int], list[tuple[SimWorker, ...]]] = field(default_factory=dict)
     _sids: dict[str, str] = field(default_factory=dict)
@@ -131,6 +134,7 @@ class Service:
 
     def _begin_step(self, job: SimJob) -> None:
         job.step_start = self.loop.now
+        job.step_delay_s = 0.0
         job.phases, job.phase_i = job.next_phases(), 0
         self._advance(job)
 
@@ -163,6 +167,7 @@ class Service:
         gangs = job.gangs(phase)
         n = len(gangs)
         job.outstanding = n
+        job.phase_start = now
         job.submitted += n
         est_s = estimator.estimate(sid, fn)  # no call ends while a phase is submitted
         if self.exclusive and self._run_together(job, sid, gangs, phase.shard_s, est_s, now):
@@ -191,7 +196,7 @@ class Service:
                     ends.append((end, first + i, done, (job, sid, fn, exec_s, gang, ewmas)))
                     continue
             req = Request(job, sid, fn, exec_s, now, gang)
-            group.add(self._seq, req, est_s)
+            group.add(self._seq, req, est_s, now + job.slack_s - job.step_delay_s)
             self._seq += 1
             queued[group.gid] = group
         loop.at_all_reserved(ends)
@@ -289,6 +294,7 @@ class Service:
         job.served += 1
         job.outstanding -= 1
         if job.outstanding == 0:
+            job.step_delay_s += self.loop.now - job.phase_start - max(job.phases[job.phase_i - 1].shard_s)
             self._advance(job)
         if group.waiting:  # `select` starts nothing from an empty queue
             self._dispatch(group)
