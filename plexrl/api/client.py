@@ -1,7 +1,9 @@
 """What a job holds: a service client per job, a training client per trainable model, sampling
 clients for weights (Tinker's shape). Every call returns a future; calls on one model run in
 submission order. Inputs are checked here (plexrl/api/validation.py), so a bad call fails at once,
-through its future, with a clear message and never reaches a worker.
+through its future, with a clear message and never reaches a worker. A call's method never
+raises for its arguments, of whatever type: everything it checks or converts runs inside
+`_submit`, whose failure is the future's. (Synchronous calls, such as creating a client, raise.)
 
 The clients stand on any `Cluster` (plexrl/api/cluster.py): the local, process and Ray fronts,
 or a network edge. Nothing here imports torch, ray or transformers (`get_tokenizer` imports
@@ -40,12 +42,14 @@ class ServiceClient:
 
     def create_training_client(self, base_model: str | Path, seed: int = 0, name: str = "policy") -> "TrainingClient":
         """A trainable, full-parameter model of this job, loaded from a local HF folder."""
+        validation.check_seed(seed)
         state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout)
         return TrainingClient(self.cluster, state, seed)
 
     def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0) -> "SamplingClient":
         """A frozen model (reference, teacher) for sampling and log-probs."""
-        name = name or f"frozen:{Path(base_model).name}"
+        validation.check_seed(seed)
+        name = name or f"frozen:{Path(str(base_model)).name}"
         state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout)
         return SamplingClient(self.cluster, state, seed)
 
@@ -84,13 +88,13 @@ class _ModelClient:
 
         return AutoTokenizer.from_pretrained(self.state.source)
 
-    def _submit(self, fn: str, payload: dict[str, Any], check: Callable[[], None] | None = None) -> APIFuture:
-        """One call = (function name, payload); bad input fails here, before any engine sees it."""
-        if check is not None:
-            try:
-                check()
-            except errors.PlexRLError as exc:
-                return APIFuture.failed(exc)
+    def _submit(self, fn: str, build: Callable[[], dict[str, Any]]) -> APIFuture:
+        """One call = (function name, payload). `build` checks the call's arguments and makes its
+        payload; whatever it raises fails the returned future, and nothing is submitted."""
+        try:
+            payload = build()
+        except Exception as exc:  # an InvalidInput; anything else is a bug in a check, yet still only this call's
+            return APIFuture.failed(exc)
         future = self.cluster.submit(self.state, fn, payload)
         if future.done() and isinstance(future.exception(), errors.UnknownModel):
             # a sync retired the snapshot between resolving it and submitting: resolve again
@@ -130,27 +134,26 @@ class SamplingClient(_ModelClient):
 
     def sample(self, prompt: ModelInput, num_samples: int = 1, sampling_params: SamplingParams | None = None,
                include_prompt_logprobs: bool = False) -> APIFuture[SampleResponse]:
-        params = sampling_params or SamplingParams()
-        tokens = prompt.to_ints()
-        seed = self._next_seed(params.seed)
-        stop_ids = self.cluster.stop_token_ids(self.state)
-
-        def check() -> None:
+        def build() -> dict[str, Any]:
+            tokens = validation.input_tokens(prompt, "sample prompt")
+            params = validation.sampling_params(sampling_params)
+            validation.check_bool(include_prompt_logprobs, "include_prompt_logprobs")
             vocab, positions = self.cluster.limits(self.state)
             validation.check_sample_request(tokens, num_samples, params, vocab, positions)
+            return {"tokens": tokens, "num_samples": int(num_samples), "params": params,
+                    "seed": self._next_seed(params.seed), "stop_ids": self.cluster.stop_token_ids(self.state),
+                    "include_prompt_logprobs": bool(include_prompt_logprobs)}
 
-        payload = {"tokens": tokens, "num_samples": num_samples, "params": params, "seed": seed,
-                   "stop_ids": stop_ids, "include_prompt_logprobs": include_prompt_logprobs}
-        return self._submit("sample", payload, check)
+        return self._submit("sample", build)
 
     def compute_logprobs(self, prompt: ModelInput) -> APIFuture[list[float | None]]:
-        tokens = prompt.to_ints()
-
-        def check() -> None:
+        def build() -> dict[str, Any]:
+            tokens = validation.input_tokens(prompt, "compute_logprobs prompt")
             vocab, positions = self.cluster.limits(self.state)
             validation.check_sequence(tokens, vocab, positions, "compute_logprobs sequence")
+            return {"tokens": tokens}
 
-        return self._submit("compute_logprobs", {"tokens": tokens}, check)
+        return self._submit("compute_logprobs", build)
 
 
 class TrainingClient(_ModelClient):
@@ -167,42 +170,51 @@ class TrainingClient(_ModelClient):
         return self._forward(data, loss_fn, None, backward=True)
 
     def _forward(self, data, loss_fn, loss_fn_config, backward: bool) -> APIFuture[ForwardBackwardOutput]:
-        data = list(data)
-
-        def check() -> None:
+        def build() -> dict[str, Any]:
+            datums = validation.datum_list(data)
             vocab, positions = self.cluster.limits(self.state)
-            validation.validate_datums(data, vocab, positions)
-            validation.check_loss(loss_fn, loss_fn_config, data)
+            validation.validate_datums(datums, vocab, positions)
+            validation.check_loss(loss_fn, loss_fn_config, datums)
+            return {"data": datums, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config, "backward": backward}
 
-        payload = {"data": data, "loss_fn": loss_fn, "loss_fn_config": loss_fn_config, "backward": backward}
-        return self._submit("forward_backward" if backward else "forward", payload, check)
+        return self._submit("forward_backward" if backward else "forward", build)
 
     def optim_step(self, adam_params: AdamParams | None = None) -> APIFuture[OptimStepResponse]:
-        params = adam_params or AdamParams()
-        return self._submit("optim_step", {"params": params}, params.validate)
+        return self._submit("optim_step", lambda: {"params": validation.adam_params(adam_params)})
 
     def save_state(self, name: str, with_optimizer: bool = True) -> APIFuture[SaveStateResponse]:
         """Materialize a consistent snapshot to the checkpoint directory (residency unchanged)."""
-        path = self.cluster.checkpoint_path(self.state, name)
-        return self._submit("save_state", {"path": str(path), "with_optimizer": with_optimizer})
+        def build() -> dict[str, Any]:
+            validation.check_checkpoint_name(name)  # before the front is asked for a path of it
+            validation.check_bool(with_optimizer, "with_optimizer")
+            path = self.cluster.checkpoint_path(self.state, name)
+            return {"path": str(path), "with_optimizer": bool(with_optimizer)}
+
+        return self._submit("save_state", build)
 
     def load_state(self, path: str | Path) -> APIFuture[LoadStateResponse]:
         """Weights from a checkpoint; optimizer moments restart from zero."""
-        return self._load(Path(path), with_optimizer=False)
+        return self._load(path, with_optimizer=False)
 
     def load_state_with_optimizer(self, path: str | Path) -> APIFuture[LoadStateResponse]:
-        return self._load(Path(path), with_optimizer=True)
+        return self._load(path, with_optimizer=True)
 
-    def _load(self, path: Path, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
-        def check() -> None:
-            if not path.is_dir():
-                raise errors.ModelLoadError(f"checkpoint folder {str(path)!r} does not exist; expected a save_state path")
+    def _load(self, path: Any, with_optimizer: bool) -> APIFuture[LoadStateResponse]:
+        def build() -> dict[str, Any]:
+            folder = validation.checkpoint_folder(path)
+            if not folder.is_dir():
+                raise errors.ModelLoadError(f"checkpoint folder {str(folder)!r} does not exist; expected a save_state path")
+            return {"path": str(folder), "with_optimizer": with_optimizer}
 
-        return self._submit("load_state", {"path": str(path), "with_optimizer": with_optimizer}, check)
+        return self._submit("load_state", build)
 
     def save_weights_for_sampler(self, name: str = "sampler") -> APIFuture[StateHandle]:
         """Weight sync: the current weights become the weights of this model's sampler `name`."""
-        return self._submit("sync_weights", {"name": name})
+        def build() -> dict[str, Any]:
+            validation.check_plain_name(name, "sampler name")
+            return {"name": name}
+
+        return self._submit("sync_weights", build)
 
     def save_weights_and_get_sampling_client(self, name: str = "sampler") -> SamplingClient:
         """Blocks until the weights are synced. Samplers of successive syncs draw from different

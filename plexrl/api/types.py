@@ -4,16 +4,67 @@ A `ModelInput` is a list of token chunks; a `Datum` pairs one with the per-token
 loss needs (`loss_fn_inputs`: `target_tokens`, `weights`, `logprobs`, `advantages`, `values`...).
 Tensors crossing the API are `TensorData` (a flat numpy-backed list with a shape), so nothing
 job-side needs torch, and nothing pickled as a torch tensor crosses an engine boundary.
+
+The constructors are as permissive as Tinker's plain types, with one exception: token ids are
+integers (`ModelInput.from_ints([5.9])` is refused, never truncated). Everything else is checked
+when a call is made (`validate()` here, plexrl/api/validation.py for the rest), so a wrong type
+fails that call's future with an error naming the parameter. In every check a bool is not a
+number, and numpy's integer and float scalars are numbers.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+import reprlib
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
 from plexrl.api import errors
+
+
+def is_integer(value: Any) -> bool:
+    """A Python or numpy integer, never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> bool:
+    """A finite Python or numpy real number, never a bool (NaN and infinities are not)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def shown(value: Any) -> str:
+    """`value` as an error message shows it: its repr, cut short, and its type unless the repr
+    makes it plain."""
+    text = reprlib.repr(value)
+    if isinstance(value, (str, int, float, type(None), np.generic)) and not isinstance(value, bool):
+        return text
+    return f"{text} (a {type(value).__name__})"
+
+
+def token_ids(tokens: Any, what: str) -> tuple[int, ...]:
+    """`tokens` as a tuple of ints; InvalidInput naming the first position that is not an integer
+    (5.9 is refused, never truncated; numpy and torch integer scalars are fine)."""
+    if isinstance(tokens, (str, bytes, Mapping)) or not hasattr(tokens, "__iter__"):
+        raise errors.InvalidInput(f"{what}: tokens={shown(tokens)}; expected a sequence of integer token ids")
+    ids = []
+    for position, token in enumerate(tokens):
+        try:
+            if isinstance(token, (bool, np.bool_)):
+                raise TypeError
+            ids.append(operator.index(token))
+        except TypeError:
+            raise errors.InvalidInput(f"{what}: tokens[{position}]={shown(token)}; "
+                                      "expected an integer token id") from None
+    return tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -31,7 +82,7 @@ class ModelInput:
 
     @classmethod
     def from_ints(cls, tokens: Sequence[int]) -> "ModelInput":
-        return cls((EncodedTextChunk(tuple(int(t) for t in tokens)),))
+        return cls((EncodedTextChunk(token_ids(tokens, "ModelInput.from_ints")),))
 
     @classmethod
     def empty(cls) -> "ModelInput":
@@ -41,7 +92,7 @@ class ModelInput:
         return [t for chunk in self.chunks for t in chunk.tokens]
 
     def append_int(self, token: int) -> "ModelInput":
-        return ModelInput(self.chunks + (EncodedTextChunk((int(token),)),))
+        return ModelInput(self.chunks + (EncodedTextChunk(token_ids([token], "ModelInput.append_int")),))
 
     @property
     def length(self) -> int:
@@ -59,6 +110,8 @@ class TensorData:
     @classmethod
     def from_numpy(cls, array: np.ndarray) -> "TensorData":
         array = np.asarray(array)
+        if array.dtype.kind not in "biuf":  # strings, objects, complex: no meaning as a loss input
+            raise errors.InvalidInput(f"TensorData of dtype {array.dtype}; expected numbers (bool, int or float)")
         dtype = "int64" if np.issubdtype(array.dtype, np.integer) else "float32"
         return cls(tuple(array.reshape(-1).tolist()), dtype, tuple(array.shape))
 
@@ -85,8 +138,17 @@ class Datum:
     loss_fn_inputs: dict[str, TensorData] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        converted = {k: TensorData.of(v) for k, v in self.loss_fn_inputs.items()}
-        object.__setattr__(self, "loss_fn_inputs", converted)
+        # Permissive: what does not convert is kept as given, and the call's check names it.
+        if isinstance(self.loss_fn_inputs, Mapping):
+            converted = {k: _tensor_or_as_given(v) for k, v in self.loss_fn_inputs.items()}
+            object.__setattr__(self, "loss_fn_inputs", converted)
+
+
+def _tensor_or_as_given(value: Any) -> Any:
+    try:
+        return TensorData.of(value)
+    except (TypeError, ValueError):  # InvalidInput is a ValueError
+        return value
 
 
 @dataclass(frozen=True)
@@ -99,19 +161,37 @@ class SamplingParams:
     stop: tuple[int, ...] | tuple[str, ...] | None = None
 
     def validate(self) -> None:
-        problems = []
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            problems.append(f"max_tokens={self.max_tokens!r} (expected an integer >= 1)")
-        if not (self.temperature >= 0.0):
-            problems.append(f"temperature={self.temperature!r} (expected a number >= 0)")
-        if not (0.0 < self.top_p <= 1.0):
-            problems.append(f"top_p={self.top_p!r} (expected 0 < top_p <= 1)")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            problems.append(f"top_k={self.top_k!r} (expected -1 for no limit, or an integer >= 1)")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            problems.append(f"seed={self.seed!r} (expected None or an integer >= 0)")
+        """InvalidSamplingParams naming every field of the wrong type or out of range."""
+        k, p, seed = self.top_k, self.top_p, self.seed
+        checks = (
+            ("max_tokens", is_integer(self.max_tokens) and self.max_tokens >= 1, "an integer >= 1"),
+            ("temperature", is_finite_number(self.temperature) and self.temperature >= 0, "a finite number >= 0"),
+            ("top_p", is_finite_number(p) and 0 < p <= 1, "a number with 0 < top_p <= 1"),
+            ("top_k", is_integer(k) and (k == -1 or k >= 1), "-1 for no limit, or an integer >= 1"),
+            ("seed", seed is None or (is_integer(seed) and 0 <= seed < 2**64), "None or an integer with 0 <= seed < 2**64"),
+            ("stop", _is_stop(self.stop), "None, a non-empty string, or a sequence of token ids or non-empty strings"),
+        )
+        problems = [f"{name}={shown(getattr(self, name))} (expected {expected})" for name, ok, expected in checks if not ok]
         if problems:
             raise errors.InvalidSamplingParams("bad sampling params: " + "; ".join(problems))
+
+    def plain(self) -> "SamplingParams":
+        """These (valid) params with Python ints and floats, and `stop` a tuple (a lone string is
+        one stop string)."""
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        return SamplingParams(int(self.max_tokens), float(self.temperature), int(self.top_k), float(self.top_p),
+                              None if self.seed is None else int(self.seed),
+                              None if stop is None else tuple(s if isinstance(s, str) else int(s) for s in stop))
+
+
+def _is_stop(stop: Any) -> bool:
+    if stop is None:
+        return True
+    if isinstance(stop, str):
+        return bool(stop)
+    if isinstance(stop, (bytes, Mapping)) or not isinstance(stop, (Sequence, np.ndarray)):
+        return False
+    return all(is_integer(s) or (isinstance(s, str) and s) for s in stop)
 
 
 @dataclass(frozen=True)
@@ -124,21 +204,25 @@ class AdamParams:
     grad_clip_norm: float = 0.0  # 0 means no clipping
 
     def validate(self) -> None:
-        problems = []
-        if not (self.learning_rate >= 0):
-            problems.append(f"learning_rate={self.learning_rate!r} (expected >= 0)")
-        for name in ("beta1", "beta2"):
-            value = getattr(self, name)
-            if not (0.0 <= value < 1.0):
-                problems.append(f"{name}={value!r} (expected 0 <= {name} < 1)")
-        if not (self.eps > 0):
-            problems.append(f"eps={self.eps!r} (expected > 0)")
-        if not (self.weight_decay >= 0):
-            problems.append(f"weight_decay={self.weight_decay!r} (expected >= 0)")
-        if not (self.grad_clip_norm >= 0):
-            problems.append(f"grad_clip_norm={self.grad_clip_norm!r} (expected >= 0; 0 disables)")
+        """InvalidAdamParams naming every field of the wrong type or out of range. Every field
+        must be finite: an infinite or NaN one would turn the weights to NaN."""
+        ranges = (
+            ("learning_rate", lambda v: v >= 0, "a finite number >= 0"),
+            ("beta1", lambda v: 0 <= v < 1, "a number with 0 <= beta1 < 1"),
+            ("beta2", lambda v: 0 <= v < 1, "a number with 0 <= beta2 < 1"),
+            ("eps", lambda v: v > 0, "a finite number > 0"),
+            ("weight_decay", lambda v: v >= 0, "a finite number >= 0"),
+            ("grad_clip_norm", lambda v: v >= 0, "a finite number >= 0; 0 disables"),
+        )
+        problems = [f"{name}={shown(getattr(self, name))} (expected {expected})" for name, in_range, expected in ranges
+                    if not (is_finite_number(getattr(self, name)) and in_range(getattr(self, name)))]
         if problems:
             raise errors.InvalidAdamParams("bad Adam params: " + "; ".join(problems))
+
+    def plain(self) -> "AdamParams":
+        """These (valid) params with Python floats."""
+        return AdamParams(*(float(getattr(self, name)) for name in
+                            ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")))
 
 
 StopReason = Literal["length", "stop"]

@@ -2,7 +2,9 @@
 
 A bad call fails here, in the caller's process, before any engine sees it; the backend runs the
 same checks (one definition) so a direct call on a model fails the same way. Every message names
-the parameter, its value and what was expected.
+the parameter, its value and what was expected. Types are checked here too, never assumed: every
+problem with a call's arguments is an `errors.InvalidInput` (a subclass where one fits), never a
+TypeError or AttributeError from deeper down; a bool is not a number, numpy scalars are.
 
 `BUILTIN_LOSSES` says what each built-in loss needs and accepts: the model output it reads,
 the `loss_fn_inputs` every datum must carry, those that default to a constant, and its config
@@ -14,14 +16,16 @@ transformers unimportable).
 
 from __future__ import annotations
 
-import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
 from plexrl.api import errors
-from plexrl.api.types import Datum, SamplingParams
+from plexrl.api.types import (AdamParams, Datum, ModelInput, SamplingParams, TensorData, is_finite_number,
+                              is_integer, shown)
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,85 @@ BUILTIN_LOSSES: dict[str, LossSpec] = {
 }
 
 
+# ---------------------------------------------------------------------------- call arguments
+
+def check_bool(value: Any, what: str) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise errors.InvalidInput(f"{what}={shown(value)}; expected True or False")
+
+
+def check_count(value: Any, what: str) -> None:
+    """An integer >= 1 (a bool is not)."""
+    if not is_integer(value) or value < 1:
+        raise errors.InvalidInput(f"{what}={shown(value)}; expected an integer >= 1")
+
+
+def check_seed(seed: Any) -> None:
+    if not is_integer(seed):
+        raise errors.InvalidInput(f"seed={shown(seed)}; expected an integer")
+
+
+def input_tokens(model_input: Any, what: str, error: type[errors.InvalidInput] = errors.InvalidInput) -> list[int]:
+    """The token ids of a ModelInput (their values are checked by check_tokens)."""
+    if not isinstance(model_input, ModelInput):
+        raise error(f"{what}={shown(model_input)}; expected a ModelInput (ModelInput.from_ints(token_ids))")
+    try:
+        return model_input.to_ints()
+    except (TypeError, AttributeError):
+        raise error(f"{what}: chunks={shown(model_input.chunks)}; expected a tuple of EncodedTextChunk "
+                    "holding token ids") from None
+
+
+def sampling_params(params: Any) -> SamplingParams:
+    return _checked_params(params, SamplingParams, "sampling_params", "a SamplingParams", errors.InvalidSamplingParams)
+
+
+def adam_params(params: Any) -> AdamParams:
+    return _checked_params(params, AdamParams, "adam_params", "an AdamParams", errors.InvalidAdamParams)
+
+
+def _checked_params(params: Any, kind: type, what: str, expected: str, error: type[errors.InvalidInput]):
+    """`params` (None: the defaults) validated, as a copy with plain Python numbers."""
+    if params is None:
+        return kind()
+    if not isinstance(params, kind):
+        raise error(f"{what}={shown(params)}; expected {expected} or None")
+    params.validate()
+    return params.plain()
+
+
+def datum_list(data: Any) -> list:
+    """`data` as a list (its items are checked by validate_datums)."""
+    if isinstance(data, (Datum, str, bytes, Mapping)) or not hasattr(data, "__iter__"):
+        raise errors.DatumShapeError(f"data={shown(data)}; expected a list of Datum")
+    return list(data)
+
+
+def check_plain_name(name: Any, what: str) -> None:
+    """A name that is one path component: a non-empty str, no '/', not '.' or '..'."""
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise errors.InvalidInput(f"{what} {shown(name)}; expected a plain non-empty name "
+                                  "(a string without '/', not '.' or '..')")
+
+
+def check_checkpoint_name(name: Any) -> None:
+    """save_state's name: the rule of the front's `checkpoint_path`, checked before it is asked."""
+    check_plain_name(name, "checkpoint name")
+
+
+def checkpoint_folder(path: Any) -> Path:
+    if isinstance(path, str) and path or isinstance(path, os.PathLike):
+        return Path(path)
+    raise errors.InvalidInput(f"checkpoint path={shown(path)}; expected a str or Path of a save_state folder")
+
+
 # ---------------------------------------------------------------------------- tokens and datums
 
 def check_tokens(tokens: Sequence[int], vocab_size: int, what: str) -> None:
+    for position, token in enumerate(tokens):
+        if not is_integer(token):
+            raise errors.InvalidInput(f"{what}: token {shown(token)} at position {position} is not an integer; "
+                                      "expected token ids")
     bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab_size]
     if bad:
         position, token = bad[0]
@@ -73,19 +153,29 @@ def check_sequence(tokens: Sequence[int], vocab_size: int, max_positions: int, w
 
 
 def validate_datums(datums: Sequence[Datum], vocab_size: int, max_positions: int) -> None:
-    """Every datum: 1..max_positions tokens in the vocabulary, and every loss_fn_input a flat
-    finite array of the model_input's length (Tinker: `target_tokens[t]` follows position t)."""
+    """Every datum: a Datum whose model_input is a ModelInput of 1..max_positions tokens in the
+    vocabulary, and whose every loss_fn_input is a flat finite array of the model_input's length
+    (Tinker: `target_tokens[t]` follows position t)."""
     if not datums:
         raise errors.DatumShapeError("forward_backward got no datums; expected at least one Datum")
     for index, datum in enumerate(datums):
-        tokens = datum.model_input.to_ints()
+        if not isinstance(datum, Datum):
+            raise errors.DatumShapeError(f"data[{index}]={shown(datum)}; expected a Datum")
+        tokens = input_tokens(datum.model_input, f"datum {index}: model_input", errors.DatumShapeError)
         check_sequence(tokens, vocab_size, max_positions, f"datum {index}: model_input")
-        for key, tensor in datum.loss_fn_inputs.items():
-            check_datum_input(index, key, tensor.to_numpy(), len(tokens), vocab_size)
+        if not isinstance(datum.loss_fn_inputs, Mapping):
+            raise errors.DatumShapeError(f"datum {index}: loss_fn_inputs={shown(datum.loss_fn_inputs)}; "
+                                         "expected a dict of name -> array")
+        for key, value in datum.loss_fn_inputs.items():
+            if not isinstance(key, str):
+                raise errors.DatumShapeError(f"datum {index}: loss_fn_inputs key {shown(key)}; "
+                                             "expected a str such as 'target_tokens'")
+            check_datum_input(index, key, value, len(tokens), vocab_size)
 
 
-def check_datum_input(index: int, key: str, array: np.ndarray, expected_length: int, vocab_size: int) -> None:
+def check_datum_input(index: int, key: str, value: Any, expected_length: int, vocab_size: int) -> None:
     where = f"datum {index}: loss_fn_inputs[{key!r}]"
+    array = datum_input_array(where, value)
     if array.ndim != 1 or array.shape[0] != expected_length:
         raise errors.DatumShapeError(
             f"{where} has shape {tuple(array.shape)} (length {array.shape[0] if array.ndim else 0}); "
@@ -98,11 +188,30 @@ def check_datum_input(index: int, key: str, array: np.ndarray, expected_length: 
         check_tokens(array.astype("int64").tolist(), vocab_size, where)
 
 
+def datum_input_array(where: str, value: Any) -> np.ndarray:
+    """A loss_fn_input as the array the backend will read; DatumShapeError if it is not numbers
+    (Datum keeps what it could not convert, and a TensorData can be built by hand)."""
+    expected = "expected numbers: a list, numpy array or TensorData"
+    if not isinstance(value, TensorData):
+        raise errors.DatumShapeError(f"{where}={shown(value)}; {expected}")
+    try:
+        raw = np.asarray(value.data)
+    except (TypeError, ValueError):  # ragged
+        raw = np.empty(0, dtype=object)
+    if value.dtype not in ("float32", "int64") or raw.dtype.kind not in "biuf":
+        raise errors.DatumShapeError(f"{where}={shown(value)}; {expected} ('float32' or 'int64')")
+    if value.dtype == "int64" and raw.dtype.kind == "f" and not (np.isfinite(raw) & (raw == raw.round())).all():
+        raise errors.DatumShapeError(f"{where} has dtype 'int64' but holds non-integer values")
+    try:
+        return value.to_numpy()
+    except (TypeError, ValueError):
+        raise errors.DatumShapeError(f"{where}: {raw.size} values do not fit shape {shown(value.shape)}") from None
+
+
 def check_sample_request(prompt: Sequence[int], num_samples: int, params: SamplingParams,
                          vocab_size: int, max_positions: int) -> None:
     params.validate()
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise errors.InvalidInput(f"num_samples={num_samples!r}; expected an integer >= 1")
+    check_count(num_samples, "num_samples")
     check_sequence(prompt, vocab_size, max_positions, "sample prompt")
     if len(prompt) + params.max_tokens > max_positions:
         raise errors.InvalidInput(
@@ -115,22 +224,29 @@ def check_sample_request(prompt: Sequence[int], num_samples: int, params: Sampli
 def loss_spec(name: Any) -> LossSpec:
     if not isinstance(name, str) or name not in BUILTIN_LOSSES:
         raise errors.UnknownLossFunction(
-            f"unknown loss_fn {name!r}; expected one of {sorted(BUILTIN_LOSSES)} or a callable "
+            f"unknown loss_fn {shown(name)}; expected one of {sorted(BUILTIN_LOSSES)} or a callable "
             "fn(datums, logprobs) -> (loss, metrics)")
     return BUILTIN_LOSSES[name]
 
 
 def resolve_config(spec: LossSpec, loss_fn_config: Mapping[str, float] | None) -> dict[str, float]:
     """The loss's config defaults overridden by `loss_fn_config`; unknown keys are an error."""
+    if loss_fn_config is not None and not isinstance(loss_fn_config, Mapping):
+        raise errors.InvalidInput(f"loss_fn_config={shown(loss_fn_config)}; expected a dict such as "
+                                  "{'clip_low_threshold': 0.8} or None")
     given = dict(loss_fn_config or {})
+    for key in given:
+        if not isinstance(key, str):
+            raise errors.InvalidInput(f"loss_fn_config key {shown(key)}; expected a str, one of "
+                                      f"{sorted(spec.config_defaults) or '(none)'}")
     unknown = sorted(set(given) - set(spec.config_defaults))
     if unknown:
         raise errors.InvalidInput(
             f"loss_fn_config for {spec.name!r} has unknown keys {unknown}; "
             f"expected a subset of {sorted(spec.config_defaults) or '(none)'}")
     for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise errors.InvalidInput(f"loss_fn_config[{key!r}]={value!r}; expected a finite number")
+        if not is_finite_number(value):
+            raise errors.InvalidInput(f"loss_fn_config[{key!r}]={shown(value)}; expected a finite number")
     config = {**spec.config_defaults, **{k: float(v) for k, v in given.items()}}
     if "clip_low_threshold" in config and not 0 <= config["clip_low_threshold"] <= config["clip_high_threshold"]:
         raise errors.InvalidInput(
@@ -157,9 +273,9 @@ def check_loss(loss_fn: Any, loss_fn_config: Mapping[str, float] | None,
         config = resolve_config(spec, loss_fn_config)
         check_required_inputs(spec, datums)
         return spec, config
-    if loss_fn_config:
+    if loss_fn_config is not None and not (isinstance(loss_fn_config, Mapping) and not loss_fn_config):
         raise errors.InvalidInput(
-            f"loss_fn_config={loss_fn_config!r} given with a custom loss; expected none "
+            f"loss_fn_config={shown(loss_fn_config)} given with a custom loss; expected none "
             "(a custom loss carries its own settings)")
     for index, datum in enumerate(datums):
         if "target_tokens" not in datum.loss_fn_inputs:
