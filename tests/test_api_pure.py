@@ -4,7 +4,8 @@ clients stand on any `Cluster`.
 The clients run here on `FakeCluster`, a hand-written `Cluster` that executes nothing: bad input
 must fail through the call's future without reaching `submit`; good input must reach `submit` as
 (function name, payload). `test_api_runs_with_heavy_libraries_unimportable` runs every case of
-this file again in a process where torch, ray and transformers cannot be imported.
+this file (and the fake-cluster cases of test_api_edge_types.py) again in a process where
+torch, ray and transformers cannot be imported.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class FakeCluster:
 
     def __init__(self):
         self.submitted: list[tuple[str, str, dict]] = []
+        self.paths_asked: list[object] = []  # checkpoint names the client asked a path for
         self.steps: list[tuple[str, int, dict]] = []
         self.finished: list[str] = []
 
@@ -55,6 +57,7 @@ class FakeCluster:
         return (2,)
 
     def checkpoint_path(self, state, name):
+        self.paths_asked.append(name)
         return Path("/nonexistent/checkpoints") / state.job / name
 
     def report_step(self, job, step, **fields):
@@ -181,7 +184,13 @@ def test_a_sync_gives_a_sampling_client_of_the_snapshot():
 
 
 def run_every_case() -> int:
-    """Every test of this file, without pytest (for the subprocess below)."""
+    """Every test of this file, and the fake-cluster cases of test_api_edge_types.py, without
+    pytest (for the subprocess below)."""
+    import test_api_edge_types as edge
+
+    for name in edge.BAD_CALLS:
+        edge.test_bad_type_fails_through_its_future_and_reaches_no_cluster(name)
+    edge.test_numpy_scalars_are_numbers_and_reach_the_cluster_as_python_ones()
     for name in BAD_CALLS:
         test_bad_input_fails_through_its_future_and_submits_nothing(name)
     for name in GOOD_CALLS:
@@ -189,7 +198,7 @@ def run_every_case() -> int:
     test_sample_payload_carries_prompt_seed_and_stop_ids()
     test_service_client_marks_steps_and_finishes_the_job()
     test_a_sync_gives_a_sampling_client_of_the_snapshot()
-    return len(BAD_CALLS) + len(GOOD_CALLS) + 3
+    return len(BAD_CALLS) + len(GOOD_CALLS) + 3 + len(edge.BAD_CALLS) + 1
 
 
 def test_api_runs_with_heavy_libraries_unimportable():
