@@ -461,7 +461,7 @@ class Placer:
 
     def _hold(self, placed: _Placed) -> None:
         job, p = placed.profile.job, placed.placement
-        self.view.allocate(job, p.devices, placed.profile.host_bytes_per_device)
+        self.view.allocate(job, p.devices, placed.profile.host_bytes_per_device, placed.profile.shared_host_bytes)
         self.horizon.add(job, [self.view.device_rows[d] for d in p.devices], placed.profile, placed.anchor_s)
         self._placed[job] = placed
 

@@ -35,11 +35,19 @@ _DEVICE_TRANSITIONS = ("load", "offload")
 
 @dataclass(frozen=True)
 class ModelMemory:
-    """One model of a job: bytes per device while resident, and while offloaded to host."""
+    """One model of a job: bytes per device while resident, and while offloaded to host.
+
+    `shared` names frozen weights that other jobs may use too (a reference model, a LoRA base
+    of one base checkpoint): such a model's host buffer is one read-only copy per node, used
+    by every device and every job on the node that names the same key, and `host_bytes` is the
+    bytes of that one copy. A model whose host copy is another model's (a sampler whose
+    weights are its trainer's) declares `host_bytes` = 0.
+    """
 
     name: str
     device_bytes: int
     host_bytes: int
+    shared: str = ""
 
     def __post_init__(self) -> None:
         for field_name in ("device_bytes", "host_bytes"):
@@ -99,8 +107,13 @@ class JobProfile:
 
     @property
     def host_bytes_per_device(self) -> int:
-        """Host buffers of all the job's models, for one of its devices."""
-        return sum(m.host_bytes for m in self.models)
+        """Host buffers of the job's own (not shared) models, for one of its devices."""
+        return sum(m.host_bytes for m in self.models if not m.shared)
+
+    @property
+    def shared_host_bytes(self) -> dict[str, int]:
+        """Host bytes of each shared model's one copy per node, by key (`ModelMemory.shared`)."""
+        return {m.shared: m.host_bytes for m in self.models if m.shared}
 
     @property
     def busy_device_s(self) -> float:

@@ -8,9 +8,11 @@ Memory rule (our design, DESIGN §4): devices of a group are time-shared, and a 
 resident only when it runs, evicting others from the arena. So device memory is a per-state
 check: every model of a job must fit one device arena on its own (`JobProfile.device_bytes`
 <= the device's budget). Host memory is what is really committed: each of a job's devices
-gets a copy of all its models' host buffers on that device's node, and the sum committed on a
-node never exceeds the node's host bytes. Invariant (tested): `host_used <= host_bytes` on
-every node, always.
+gets a copy of its own models' host buffers on that device's node, and the sum committed on a
+node never exceeds the node's host bytes. A shared frozen model (`ModelMemory.shared`, DESIGN
+§6) is one copy per node, committed when the first job naming it lands on the node and freed
+when the last one leaves (refcounted). Invariant (tested): `host_used <= host_bytes` on every
+node, always, and a shared copy is counted once per node however many jobs use it.
 
 A job whose model replicas span several devices (`JobProfile.replica_devices`, tensor
 parallelism) takes whole replicas per node: a node's devices count for it in multiples of that.
@@ -91,7 +93,9 @@ class ResourceView:
         )
         self.row_device = np.array([d for node in self.nodes for d in node.devices], dtype=np.int64)
         self.device_rows = {int(d): r for r, d in enumerate(self.row_device)}
-        self._held: dict[str, tuple[tuple[int, ...], np.ndarray]] = {}  # job -> (devices, host bytes per node)
+        self._held: dict[str, tuple[tuple[int, ...], np.ndarray, dict[str, int], tuple[int, ...]]] = {}
+        # job -> (devices, own host bytes per node, shared copies it uses, the nodes it is on)
+        self._shared: list[dict[str, list[int]]] = [{} for _ in self.nodes]  # node -> key -> [bytes, users]
 
     @classmethod
     def uniform(
@@ -115,10 +119,22 @@ class ResourceView:
     def copies_per_node(self, profile: JobProfile) -> np.ndarray:
         """How many of the job's devices each node could take, by arena size and free host memory."""
         per_copy = profile.host_bytes_per_device
-        free = self.node_host - self.host_used
-        by_host = free // per_copy if per_copy > 0 else self.node_devices
+        free = self.node_host - self.host_used - self._shared_missing(profile)
+        by_host = np.where(free < 0, 0, free // per_copy if per_copy > 0 else self.node_devices)
         fits_arena = self.node_arena >= profile.device_bytes
         return np.where(fits_arena, np.minimum(self.node_devices, by_host), 0)
+
+    def _shared_missing(self, profile: JobProfile) -> np.ndarray | int:
+        """Per node, the host bytes of the job's shared models not yet on it (0 without any)."""
+        shared = profile.shared_host_bytes
+        if not shared:
+            return 0
+        return np.array([sum(n for key, n in shared.items() if key not in on_node) for on_node in self._shared],
+                        dtype=np.int64)
+
+    def shared_copies(self, node: int) -> dict[str, int]:
+        """Shared models held on node `node`: key -> the number of jobs using its one copy."""
+        return {key: users for key, (_, users) in self._shared[node].items()}
 
     def units_per_node(self, profile: JobProfile) -> np.ndarray:
         """How many whole replicas of the job each node could take (`copies_per_node` in units
@@ -193,30 +209,48 @@ class ResourceView:
             f"needs {profile.devices} devices with host room, found {len(chosen)}"
         )
 
-    def allocate(self, job: str, devices: Sequence[int], host_bytes_per_device: int) -> None:
-        """Commit the job's host buffers to the nodes of `devices`; refuses to over-commit."""
+    def allocate(self, job: str, devices: Sequence[int], host_bytes_per_device: int,
+                 shared: dict[str, int] | None = None) -> None:
+        """Commit the job's host buffers to the nodes of `devices`, and one copy per node of
+        each `shared` model (key -> bytes) that is not there yet; refuses to over-commit."""
         if job in self._held:
             raise ValueError(f"job {job!r} already holds resources; release it first")
         unknown = [d for d in devices if d not in self._node_of]
         if unknown:
             raise ValueError(f"job {job!r}: unknown devices {unknown}")
+        shared = dict(shared or {})
         per_node = np.bincount([self._node_of[d] for d in devices], minlength=len(self.nodes))
+        nodes = tuple(int(n) for n in np.flatnonzero(per_node))
         added = per_node * host_bytes_per_device
-        over = np.flatnonzero(self.host_used + added > self.node_host)
+        copies = np.zeros(len(self.nodes), dtype=np.int64)
+        for n in nodes:
+            copies[n] = sum(nbytes for key, nbytes in shared.items() if key not in self._shared[n])
+        over = np.flatnonzero(self.host_used + added + copies > self.node_host)
         if len(over):
             n = over[0]
             raise ValueError(
                 f"job {job!r} would over-commit host memory of node {self.nodes[n].name!r}: "
-                f"{self.host_used[n] + added[n]} > {self.node_host[n]} bytes"
+                f"{self.host_used[n] + added[n] + copies[n]} > {self.node_host[n]} bytes"
             )
-        self.host_used += added
+        self.host_used += added + copies
+        for n in nodes:
+            for key, nbytes in shared.items():
+                self._shared[n].setdefault(key, [nbytes, 0])[1] += 1
         for d in devices:
             self.device_jobs[d] += 1
-        self._held[job] = (tuple(devices), added)
+        self._held[job] = (tuple(devices), added, shared, nodes)
 
     def free(self, job: str) -> None:
-        """Give back what `job` holds; a job that holds nothing is a no-op."""
-        devices, added = self._held.pop(job, ((), 0))
+        """Give back what `job` holds; a job that holds nothing is a no-op. A shared copy is
+        freed with the last job on its node that uses it."""
+        devices, added, shared, nodes = self._held.pop(job, ((), 0, {}, ()))
         self.host_used -= added
+        for n in nodes:
+            for key in shared:
+                held = self._shared[n][key]
+                held[1] -= 1
+                if held[1] == 0:
+                    self.host_used[n] -= held[0]
+                    del self._shared[n][key]
         for d in devices:
             self.device_jobs[d] -= 1

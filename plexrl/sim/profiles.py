@@ -45,6 +45,21 @@ def state_bytes(job: Job, costs: JobCosts) -> dict[str, int]:
     return {s: sizes[s] for s in states_of(job)}
 
 
+def model_memory(job: Job, costs: JobCosts) -> tuple[ModelMemory, ...]:
+    """What the placer counts of each state: the sampler's host copy is its trainer's weights
+    (not stored twice); a reference of a named base checkpoint (`Job.base`) is one shared
+    copy of the weights per node, for every job of that base there."""
+    models = []
+    for name, nbytes in state_bytes(job, costs).items():
+        if name == "sampler":
+            models.append(ModelMemory(name, nbytes, 0))
+        elif name == "ref" and job.base:
+            models.append(ModelMemory(name, nbytes, nbytes * job.tp, shared=f"{job.base}/ref"))
+        else:
+            models.append(ModelMemory(name, nbytes, nbytes))
+    return tuple(models)
+
+
 def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_tail: bool = False,
                 plans: StepPlans | None = None) -> JobProfile:
     """`plans`, when given, supplies the first step (the same phases, planned once for every mode)."""
@@ -53,7 +68,7 @@ def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_ta
     else:
         phases = plan_step(job, costs, first_step(job, seed, index), job.gpus, job.gpus, consolidate_tail)
     demand, period = demand_per_slot(phases)
-    models = tuple(ModelMemory(name, n, n) for name, n in state_bytes(job, costs).items())
+    models = model_memory(job, costs)
     barriers, residual_s = call_moments(phases, period)
     return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack,
                       replica_devices=job.tp, barriers=barriers, residual_s=residual_s)

@@ -131,9 +131,12 @@ class Mode:
         return workers
 
     def attach(self, job: SimJob, state: str, workers: list[SimWorker]) -> None:
+        """Add the job's `state` to each of `workers`. A sampler keeps no host buffer of its
+        own: its weights are its trainer's (the KV reserve is never copied out)."""
         nbytes = {"sampler": job.costs.sampler_bytes, "ref": job.costs.ref_bytes, "trainer": job.costs.trainer_bytes}[state]
+        host = 0 if state == "sampler" else nbytes
         for w in workers:
-            w.add_state(job.state_id(state), job.name, nbytes)
+            w.add_state(job.state_id(state), job.name, nbytes, host)
         job.workers[state] = workers
 
     def costs_for(self, job: Job):

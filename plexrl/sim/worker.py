@@ -25,10 +25,11 @@ DEVICE, HOST, DISK = Tier.DEVICE, Tier.HOST, Tier.DISK
 class Resident:
     """Where one state shard lives on this worker."""
 
-    __slots__ = ("state_id", "job", "nbytes", "tier", "offset", "last_used")
+    __slots__ = ("state_id", "job", "nbytes", "host_nbytes", "tier", "offset", "last_used")
 
-    def __init__(self, state_id: str, job: str, nbytes: int):
+    def __init__(self, state_id: str, job: str, nbytes: int, host_nbytes: int | None = None):
         self.state_id, self.job, self.nbytes = state_id, job, nbytes
+        self.host_nbytes = nbytes if host_nbytes is None else host_nbytes  # its own host buffer
         self.tier, self.offset, self.last_used = HOST, None, 0.0
 
 
@@ -77,13 +78,15 @@ class SimWorker:
         self.bandwidth = BandwidthEstimator(prior_bytes_per_s=self.link_bytes_per_s)
 
     # --- states -------------------------------------------------------------------------
-    def add_state(self, state_id: str, job: str, nbytes: int) -> None:
+    def add_state(self, state_id: str, job: str, nbytes: int, host_nbytes: int | None = None) -> None:
+        """`host_nbytes`: its own host buffer (default `nbytes`; 0 for a state whose host copy
+        is another state's, as a sampler's weights are its trainer's)."""
         if nbytes > self.arena_bytes:
             raise ValueError(
                 f"state {state_id} needs {nbytes / 1e9:.1f} GB per GPU but a GPU's arena holds "
                 f"{self.arena_bytes / 1e9:.1f} GB; raise tp or dp"
             )
-        self.states[state_id] = Resident(state_id, job, nbytes)
+        self.states[state_id] = Resident(state_id, job, nbytes, host_nbytes)
 
     def remove_job(self, job: str) -> None:
         for sid in [s for s, r in self.states.items() if r.job == job]:
@@ -92,7 +95,7 @@ class SimWorker:
             del self.states[sid]
 
     def host_used(self) -> int:
-        return sum(r.nbytes for r in self.states.values() if r.tier is not DISK)
+        return sum(r.host_nbytes for r in self.states.values() if r.tier is not DISK)
 
     def arena_used(self) -> int:
         return sum(r.nbytes for r in self.states.values() if r.tier is DEVICE)
@@ -113,7 +116,7 @@ class SimWorker:
         pending = self.pending() if pending is None else pending
         infos = {
             sid: StateInfo(
-                sid, r.job, r.nbytes, r.nbytes, r.tier,
+                sid, r.job, r.nbytes, r.host_nbytes, r.tier,
                 self.wid if r.tier is DEVICE else None, r.offset,
                 False, 1 if sid in pending else 0, r.last_used,
             )
@@ -164,10 +167,10 @@ class SimWorker:
             seconds = r.nbytes / self.link_bytes_per_s
         elif kind is TransitionKind.SPILL:
             r.tier = DISK
-            seconds = r.nbytes / self.disk_bytes_per_s
+            seconds = r.host_nbytes / self.disk_bytes_per_s
         elif kind is TransitionKind.RESTORE:
             r.tier = HOST
-            seconds = r.nbytes / self.disk_bytes_per_s
+            seconds = r.host_nbytes / self.disk_bytes_per_s
         else:
             raise ValueError(f"transition kind {kind} is not applied by the simulator")
         self.bandwidth.observe(KIND_NAME[kind], r.nbytes, seconds)

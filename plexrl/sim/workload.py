@@ -125,6 +125,8 @@ class Job(Strict):
     reward_s: float = Field(10.0, ge=0, description="device-idle reward/sandbox time per step")
     kv_cache_fraction: float = Field(0.3, ge=0, lt=1, description="share of a GPU's arena the sampler reserves for KV")
     weight_sync_s: float | None = Field(None, ge=0, description="default: interpolated from published 7B/30B/235B figures")
+    base: str | None = Field(None, description="base checkpoint; jobs naming the same one share one copy of its "
+                                               "frozen reference per node (PlexRL's host accounting)")
 
     @property
     def gpus(self) -> int:
