@@ -35,6 +35,11 @@ class InvalidAdamParams(InvalidInput):
     pass
 
 
+class NonFiniteUpdate(InvalidInput):
+    """An update would make a model's gradients, weights or optimizer moments non-finite (NaN, inf,
+    or too large for float32); it was refused and the state is as it was before the call."""
+
+
 class StateTooLarge(PlexRLError):
     """A model state cannot fit a device (or host) budget even when everything else is offloaded."""
 
@@ -71,4 +76,4 @@ class AdmissionTimeout(PlexRLError):
 
     retriable = True
 
-__all__ = ["AdmissionTimeout", "ClusterClosed", "ConfigError", "DatumShapeError", "ExecutionError", "InvalidAdamParams", "InvalidInput", "InvalidSamplingParams", "ModelLoadError", "PlexRLError", "StateLost", "StateTooLarge", "UnknownLossFunction", "UnknownModel", "WorkerFailed"]
+__all__ = ["AdmissionTimeout", "ClusterClosed", "ConfigError", "DatumShapeError", "ExecutionError", "InvalidAdamParams", "InvalidInput", "InvalidSamplingParams", "ModelLoadError", "NonFiniteUpdate", "PlexRLError", "StateLost", "StateTooLarge", "UnknownLossFunction", "UnknownModel", "WorkerFailed"]
