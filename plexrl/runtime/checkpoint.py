@@ -7,16 +7,27 @@ and so does `create_training_client(base_model=...)`) plus `optimizer.safetensor
 
 A checkpoint folder is complete or absent: it is written beside its final name and renamed into
 place, so a writer that dies midway (a lost node) leaves no half-written checkpoint to restore from.
+
+Invariants:
+- a refused `adam_step` (AdamParams out of range, gradients or a result that are non-finite)
+  leaves the state bitwise as it was: weights, gradients, moments and the step count;
+- a load is atomic: the whole checkpoint is read and checked in memory (weights of the right
+  shapes, finite; with the optimizer both moments complete, of the right size, finite, and the
+  step count) before anything in the state changes, so a failed load changes nothing;
+- the guards only read: a good step's or load's arithmetic is the same as without them.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from plexrl import errors
@@ -28,12 +39,35 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "tokenizer.model", "chat_template.jinja", "generation_config.json")
 
 
+# A bound on every intermediate of a step below this proves it finite (float32 max / 16: the
+# bound is computed in float64 from float32 maxima, so rounding cannot reach the real limit).
+FLOAT32_SAFE = torch.finfo(torch.float32).max / 16
+
+
 def adam_step(state: ModelState, params: AdamParams) -> dict[str, float]:
+    """One AdamW step over the flat buffer (torch's single-tensor AdamW), then the gradients zeroed.
+
+    Refused, with the state bitwise as it was (step count included): AdamParams out of range
+    (InvalidAdamParams), gradients whose norm is non-finite, and a step whose weights or moments
+    would come out non-finite (NonFiniteUpdate). Cost on a good step: the norms of the weights
+    and both moments (three reads, one sync), from which a float64 bound proves the step finite.
+    Only when the bound cannot (an enormous learning rate or weight decay, a tiny eps, moments
+    already near float32's limit) is the whole flat state copied first (16 bytes per parameter,
+    on the state's device, outside the arena) and restored if the step did go non-finite.
+    """
+    check_adam_params(params)
     flat = state.current()
     weights, grads, exp_avg, exp_avg_sq = (state.segment(flat, i) for i in range(4))
     grad_norm = float(torch.linalg.vector_norm(grads))
-    if params.grad_clip_norm > 0 and grad_norm > params.grad_clip_norm:
-        grads.mul_(params.grad_clip_norm / (grad_norm + 1e-6))
+    if not math.isfinite(grad_norm):
+        raise errors.NonFiniteUpdate(
+            f"optim_step refused: the gradients of model {state.name!r} have a non-finite norm ({grad_norm}); "
+            "nothing was changed. forward_backward refuses such gradients, so they did not come from it")
+    clip = params.grad_clip_norm > 0 and grad_norm > params.grad_clip_norm
+    scale = params.grad_clip_norm / (grad_norm + 1e-6) if clip else 1.0
+    backup = None if step_is_finite(state, flat, params, grad_norm * scale) else flat.clone()
+    if clip:
+        grads.mul_(scale)
     weights.grad = grads
     optimizer = torch.optim.AdamW(
         [weights], lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
@@ -44,11 +78,78 @@ def adam_step(state: ModelState, params: AdamParams) -> dict[str, float]:
         "exp_avg": exp_avg,
         "exp_avg_sq": exp_avg_sq,
     }
-    optimizer.step()
-    weights.grad = None
+    try:
+        optimizer.step()
+    except RuntimeError as exc:  # torch refuses a scalar beyond float32 (lr / bias correction), midway
+        if backup is None or "overflow" not in str(exc):
+            raise
+        flat.copy_(backup)
+        raise errors.NonFiniteUpdate(nonfinite_step_message(state, params, was_finite=True)) from exc
+    finally:
+        weights.grad = None
+    if backup is not None and not all_finite(weights, exp_avg, exp_avg_sq):
+        was_finite = all_finite(*(state.segment(backup, i) for i in (0, 2, 3)))
+        flat.copy_(backup)
+        raise errors.NonFiniteUpdate(nonfinite_step_message(state, params, was_finite))
     state.adam_step += 1
     grads.zero_()
     return {"grad_norm": grad_norm, "step": float(state.adam_step), "learning_rate": params.learning_rate}
+
+
+def check_adam_params(params: AdamParams) -> None:
+    """InvalidAdamParams naming every field that is not a finite number in its range (the client
+    checks the same; this is the runtime's own line of defence)."""
+    def bad(name: str, ok, expected: str) -> str | None:
+        value = getattr(params, name, None)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and ok(value):
+            return None
+        return f"{name}={value!r} (expected {expected})"
+
+    problems = [p for p in (
+        bad("learning_rate", lambda v: v >= 0, "a finite number >= 0"),
+        bad("beta1", lambda v: 0 <= v < 1, "0 <= beta1 < 1"),
+        bad("beta2", lambda v: 0 <= v < 1, "0 <= beta2 < 1"),
+        bad("eps", lambda v: v > 0, "a finite number > 0"),
+        bad("weight_decay", lambda v: v >= 0, "a finite number >= 0"),
+        bad("grad_clip_norm", lambda v: v >= 0, "a finite number >= 0; 0 disables clipping"),
+    ) if p is not None]
+    if problems:
+        raise errors.InvalidAdamParams("bad Adam params: " + "; ".join(problems))
+
+
+def step_is_finite(state: ModelState, flat: torch.Tensor, params: AdamParams, max_grad: float) -> bool:
+    """Whether a float64 bound proves every intermediate of this AdamW step finite in float32.
+
+    With W, M, V >= the max |x| of weights, exp_avg, exp_avg_sq (their 2-norms: a loose bound, but
+    a fast reduction, unlike max |x|) and G >= max |grad| (the clipped norm): decay = |1 - lr*wd|; exp_avg and its lerp stay within M + G; exp_avg_sq within V + G^2;
+    the denominator sqrt(v)/sqrt(bc2) + eps is >= eps, so the update is within
+    lr/bc1 * (M + G)/eps, and the new weights within W*decay + that. NaN anywhere fails the test.
+    """
+    w, m, v = torch.stack([torch.linalg.vector_norm(state.segment(flat, i)) for i in (0, 2, 3)]).tolist()
+    lr, eps = params.learning_rate, params.eps
+    bias_correction1 = 1 - params.beta1 ** (state.adam_step + 1)
+    if bias_correction1 <= 0:
+        return False
+    decay = abs(1 - lr * params.weight_decay)
+    step_size = lr / bias_correction1
+    ratio = (m + max_grad) / eps
+    bounds = (decay, w * decay, m + max_grad, v + max_grad * max_grad, step_size, ratio,
+              w * decay + step_size * ratio)
+    return all(b < FLOAT32_SAFE for b in bounds)  # False for NaN
+
+
+def all_finite(*tensors: torch.Tensor) -> bool:
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+def nonfinite_step_message(state: ModelState, params: AdamParams, was_finite: bool) -> str:
+    if not was_finite:
+        return (f"optim_step refused: model {state.name!r} already has non-finite weights or Adam moments; "
+                "nothing was changed. Restore it from a checkpoint with load_state_with_optimizer")
+    return (f"optim_step refused: this step would make the weights or Adam moments of model {state.name!r} "
+            f"non-finite (learning_rate={params.learning_rate!r}, weight_decay={params.weight_decay!r}, "
+            f"eps={params.eps!r}); nothing was changed. Check for a learning rate or weight decay far too large "
+            "(weights are scaled by 1 - lr * weight_decay) or an eps too small for float32")
 
 
 def save_state(state: ModelState, path: Path, with_optimizer: bool = True) -> int:
@@ -84,21 +185,24 @@ def _write_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
 
 
 def load_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
-    """Overwrite `state`'s weights (and moments) from a folder written by `save_state`."""
-    source = load_module(path)
-    numel = sum(p.numel() for p in source.parameters())
-    if numel != state.numel:
-        raise errors.ModelLoadError(
-            f"checkpoint {str(path)!r} has {numel:,} parameters but model {state.name!r} has {state.numel:,}; "
-            "expected a checkpoint of the same architecture"
-        )
+    """Overwrite `state`'s weights (and moments) from a folder written by `save_state`, atomically:
+    everything is read and checked first (ModelLoadError on any fault), then written. Gradients
+    are zeroed; without the optimizer the moments and step count restart from zero."""
+    # 1) read and check the whole checkpoint into memory; the state is not touched yet
+    weights = _read_weights(state, path)
+    moments = _read_moments(state, path) if with_optimizer and state.trainable else None
+    # 2) write it into the state: nothing below can fail, every size was checked
     flat = state.current()
-    torch.cat([p.detach().reshape(-1) for p in source.parameters()], out=state.segment(flat, 0))
-    written = numel * 4
+    torch.cat(weights, out=state.segment(flat, 0))
+    written = state.numel * 4
     if state.trainable:
         state.segment(flat, 1).zero_()
-        if with_optimizer:
-            written += _load_moments(state, flat, path)
+        if moments is not None:
+            exp_avg, exp_avg_sq, step = moments
+            state.segment(flat, 2).copy_(exp_avg)
+            state.segment(flat, 3).copy_(exp_avg_sq)
+            state.adam_step = step
+            written += 2 * state.numel * 4
         else:
             state.segment(flat, 2).zero_()
             state.segment(flat, 3).zero_()
@@ -106,19 +210,62 @@ def load_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
     return written
 
 
-def _load_moments(state: ModelState, flat: torch.Tensor, path: Path) -> int:
+def _read_weights(state: ModelState, path: Path) -> list[torch.Tensor]:
+    """The checkpoint's parameters, flattened in the state's order, after checking count, shapes and finiteness."""
+    source = load_module(path)
+    params = list(source.parameters())
+    numel = sum(p.numel() for p in params)
+    if numel != state.numel:
+        raise errors.ModelLoadError(
+            f"checkpoint {str(path)!r} has {numel:,} parameters but model {state.name!r} has {state.numel:,}; "
+            "expected a checkpoint of the same architecture"
+        )
+    shapes = [p.shape for p in params]
+    if shapes != state.shapes:
+        first = next(i for i, (a, b) in enumerate(zip(shapes, state.shapes)) if a != b)
+        raise errors.ModelLoadError(
+            f"checkpoint {str(path)!r} has parameter shapes that differ from model {state.name!r}'s "
+            f"(parameter {first}: {tuple(shapes[first])} vs {tuple(state.shapes[first])}); expected a checkpoint "
+            "of the same architecture"
+        )
+    flat = [p.detach().reshape(-1) for p in params]
+    if not all_finite(*flat):
+        raise errors.ModelLoadError(f"checkpoint {str(path)!r} has non-finite (NaN or inf) weights; expected finite ones")
+    return flat
+
+
+def _read_moments(state: ModelState, path: Path) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(exp_avg, exp_avg_sq, adam step) from the checkpoint's optimizer file, each checked."""
     file = path / OPTIMIZER_FILE
     if not file.is_file():
         raise errors.ModelLoadError(
             f"checkpoint {str(path)!r} has no {OPTIMIZER_FILE}; use load_state (weights only) or a checkpoint "
             "saved with its optimizer"
         )
-    from safetensors import safe_open
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            metadata = f.metadata() or {}
+        moments = load_file(str(file))
+    except Exception as exc:  # safetensors raises its own error type for a torn or corrupt file
+        raise errors.ModelLoadError(
+            f"could not read {str(file)!r} ({type(exc).__name__}: {exc}); the file is incomplete or corrupt: "
+            "use load_state for the weights only, or another checkpoint"
+        ) from exc
 
-    with safe_open(str(file), framework="pt") as f:
-        step = int(f.metadata().get("adam_step", "0"))
-    moments = load_file(str(file))
-    state.segment(flat, 2).copy_(moments["exp_avg"])
-    state.segment(flat, 3).copy_(moments["exp_avg_sq"])
-    state.adam_step = step
-    return 2 * state.numel * 4
+    def fault(what: str) -> errors.ModelLoadError:
+        return errors.ModelLoadError(f"{str(file)!r} {what}; expected a file written by save_state for model {state.name!r}")
+
+    for key in ("exp_avg", "exp_avg_sq"):
+        tensor = moments.get(key)
+        if tensor is None:
+            raise fault(f"has no {key!r}")
+        if tensor.dtype != torch.float32 or tuple(tensor.shape) != (state.numel,):
+            raise fault(f"has {key!r} of {tensor.dtype} {tuple(tensor.shape)}, not float32 ({state.numel},)")
+    if not all_finite(moments["exp_avg"], moments["exp_avg_sq"]) or bool((moments["exp_avg_sq"] < 0).any()):
+        raise fault("has non-finite moments (or a negative exp_avg_sq)")
+    step = metadata.get("adam_step", "")
+    if not step.isdigit():
+        raise fault(f"has adam_step={step!r} in its metadata, not an integer >= 0")
+    if metadata.get("numel", str(state.numel)) != str(state.numel):
+        raise fault(f"is for {metadata['numel']} parameters, not {state.numel}")
+    return moments["exp_avg"], moments["exp_avg_sq"], int(step)
