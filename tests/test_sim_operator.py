@@ -57,3 +57,24 @@ def test_plexrl_reports_predicted_and_realised_inflation_per_job(out):
 def test_summaries_are_a_pure_function_of_the_runs(out):
     runs = out["runs"]
     assert summarize(runs["plexrl"], runs["colocated"]) == out["results"]["plexrl"]
+
+
+def test_the_delay_injected_into_a_step_is_its_time_beyond_solo():
+    """What the slack term of the priority reads: per step, each phase's end minus its start
+    minus its slowest call; summed, exactly the steps' time over their solo time."""
+    from plexrl.policy import Policy
+    from plexrl.sim.plexrl_mode import PlexRLMode
+
+    mode = PlexRLMode(workload(), CLUSTER, Policy.PLEXRL)
+    delays: dict[str, float] = {}
+    measure = mode.service.on_step
+
+    def on_step(job):
+        delays[job.name] = delays.get(job.name, 0.0) + job.step_delay_s
+        measure(job)
+
+    mode.service.on_step = on_step
+    result = mode.run()
+    for r in result.records:
+        assert delays[r.name] == pytest.approx(sum(r.step_times) - r.solo_s, abs=1e-6)
+        assert delays[r.name] >= -1e-9
