@@ -13,7 +13,7 @@ import pytest
 
 from plexrl.policy import Policy
 from plexrl.sim.phases import StepPlans
-from plexrl.sim.placement_memo import PlacementMemo
+from plexrl.sim.placement_memo import MemoPlacer, PlacementMemo
 from plexrl.sim.plexrl_mode import PlexRLMode, first_fit
 
 from test_sim_together import figures
@@ -51,3 +51,24 @@ def test_a_mode_sharing_answers_runs_as_it_does_alone(shared, name):
 def test_the_placer_is_asked_only_where_the_history_is_new(shared, name):
     _, asked = shared
     assert asked[name] == MODES[name][1]
+
+
+def test_a_long_history_keeps_its_keys_flat():
+    """Thousands of observations (a long saturated run) once nested the key past Python's
+    recursion limit; history ids keep it one level deep, and equal histories equal ids."""
+    from plexrl.policy.placement import Placer
+    from plexrl.sim.plexrl_mode import resource_view
+    from plexrl.sim.profiles import job_profile
+    from plexrl.sim.latency import job_costs
+
+    memo = PlacementMemo()
+    spec = WORKLOAD.jobs[0].model_copy(update={"name": "math-0", "count": 1})
+    profile = job_profile(spec, job_costs(spec, CLUSTER), 0, 0)
+    placers = [MemoPlacer(Placer(resource_view(CLUSTER), 64, 5.0), memo) for _ in range(2)]
+    for placer in placers:
+        placer.place(profile, 0.0)
+        for k in range(5000):
+            placer.observe("math-0", k / 100)
+        placer.release("math-0")
+        placer.place(profile, 10.0)
+    assert memo.asked == 2 and placers[0]._history == placers[1]._history

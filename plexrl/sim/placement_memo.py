@@ -21,8 +21,15 @@ class PlacementMemo:
     """Answers of every placer of one workload on one cluster, by question and history."""
 
     def __init__(self) -> None:
-        self.answers: dict[tuple, Placement | Wait] = {}
+        self.answers: dict[tuple, Placement | Wait] = {}  # (history id, profile, time) -> answer
         self.asked = 0  # questions the placers answered themselves (the rest were replayed)
+        self._histories: dict[tuple, int] = {}  # (parent history id, operation) -> history id
+
+    def history(self, parent: int, operation: tuple) -> int:
+        """The id of history `parent` followed by `operation`: equal ids, equal histories (by
+        induction), so a key stays flat however long the history grows (a nested tuple would
+        be compared recursively, past Python's recursion limit on long runs)."""
+        return self._histories.setdefault((parent, operation), len(self._histories))
 
 
 class MemoPlacer:
@@ -32,8 +39,8 @@ class MemoPlacer:
     def __init__(self, placer: Placer, memo: PlacementMemo):
         self.placer, self.memo = placer, memo
         view, horizon = placer.view, placer.horizon
-        self._history: tuple = (type(placer).__name__, placer.max_shifts, horizon.slots, horizon.slot_s,
-                                tuple(g.name for g in view.groups), len(view.row_device))
+        self._history = memo.history(-1, (type(placer).__name__, placer.max_shifts, horizon.slots, horizon.slot_s,
+                                          tuple(g.name for g in view.groups), len(view.row_device)))
 
     def place(self, profile: JobProfile, now: float) -> Placement | Wait:
         key = (self._history, profile, now)
@@ -45,16 +52,16 @@ class MemoPlacer:
             self.placer.horizon.advance(now)
             if isinstance(answer, Placement):
                 self.placer.commit(profile, answer, now)
-        self._history = key
+        self._history = self.memo.history(self._history, ("place", profile, now))
         return answer
 
     def observe(self, job: str, inflation: float) -> None:
         self.placer.observe(job, inflation)
-        self._history = (self._history, "observe", job, inflation)
+        self._history = self.memo.history(self._history, ("observe", job, inflation))
 
     def release(self, job: str) -> None:
         self.placer.release(job)
-        self._history = (self._history, "release", job)
+        self._history = self.memo.history(self._history, ("release", job))
 
     def placements(self) -> dict[str, Placement]:
         return self.placer.placements()
