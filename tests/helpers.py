@@ -12,10 +12,10 @@ def datum(ids, **extra) -> plexrl.Datum:
     return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
 
 
-def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout: float = 120):
+def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout: float = 120, name: str = "policy"):
     """A small policy-gradient loop over every function of the API: sample, old log-probs,
     importance-sampling update, weight sync, a step mark. Returns the job's training client."""
-    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed)
+    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed, name=name)
     prompt = [5 + seed, 6, 7]
     for step in range(steps):
         sampler = trainer.save_weights_and_get_sampling_client()

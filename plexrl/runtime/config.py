@@ -35,10 +35,11 @@ class ClusterConfig:
     checkpoint_dir: str | None = None  # default: WORKDIR/checkpoints
     checkpoint_every_steps: int = 0  # 0: only the job's own save_state calls
     event_log: str | None = None  # a JSON-lines file of every event, written as they happen
+    max_sampled_tokens: int = 1 << 16  # per sample call: num_samples x (prompt + max_tokens)
 
     def __post_init__(self) -> None:
         for name in ("nodes", "devices_per_node", "device_memory_bytes", "host_memory_bytes", "horizon_slots",
-                     "profile_steps", "threads_per_device"):
+                     "profile_steps", "threads_per_device", "max_sampled_tokens"):
             _check(name, getattr(self, name), _is_int(getattr(self, name)) and getattr(self, name) >= 1,
                    "a positive integer")
         _check("checkpoint_every_steps", self.checkpoint_every_steps,

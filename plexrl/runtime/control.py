@@ -18,6 +18,7 @@ import enum
 import threading
 from dataclasses import dataclass
 
+from plexrl.api import errors
 from plexrl.policy import JobProfile, ResourceView
 from plexrl.runtime.events import EventLog, job_events
 from plexrl.runtime.job_placer import JobPlacer, admit_and_route, route_migration
@@ -64,6 +65,7 @@ class Control:
         self._lost: dict[int, Recovery] = {}
         self.migrations = 0
         self._fronts = 0
+        self._owners: dict[str, int] = {}  # job -> the front whose service client runs it
         self._lock = threading.Lock()
 
     def describe(self):
@@ -74,6 +76,11 @@ class Control:
         with self._lock:
             self._fronts += 1
             return self._fronts
+
+    def claim(self, job: str, front: int) -> None:
+        """A service client for `job` opened on `front` (see `finish`)."""
+        with self._lock:
+            self._owners.setdefault(job, front)
 
     def now(self) -> float:
         return self.telemetry.now()
@@ -97,6 +104,8 @@ class Control:
             self.unbind(sid)
         self.router.forget(job)
         self.placer.finish(job, self.telemetry.now())
+        with self._lock:
+            self._owners.pop(job, None)
         return mine
 
     def on_step(self, job: str, models: list, events: list[dict] | None) -> tuple[int, float] | None:

@@ -32,6 +32,11 @@ from plexrl.runtime.host_buffers import map_buffer, map_flags
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
 
 
+class NotResident(RuntimeError):
+    """A call for a state this worker does not hold: the worker was restarted since the node
+    loaded it there (its process died between calls, and every device copy with it)."""
+
+
 @dataclass(frozen=True)
 class StateSpec:
     """What a worker needs to build its own copy of a state's module."""
@@ -77,6 +82,7 @@ class DeviceWorker:
         if cpu_cores:
             os.sched_setaffinity(0, cpu_cores)
         self.device = device
+        self.incarnation = f"{os.getpid()}-{time.monotonic_ns()}"  # tells a restarted worker from its predecessor
         self._flags_path = writeback_flags  # the node's file (host_buffers.py): mapped at the first write-back
         self._flags = None
         self._failpoint: str | None = None
@@ -109,8 +115,9 @@ class DeviceWorker:
         if torch.get_num_threads() != self.threads:  # per call: the executing thread may be a host's, not ours
             torch.set_num_threads(self.threads)
         seconds = tuple(self._transition(step) for step in steps)
-        state = self.states[state_id]
-        assert state.tier is Tier.DEVICE and state.device == self.device, f"{state_id} is not resident on {self.device}"
+        state = self.states.get(state_id)
+        if state is None or state.tier is not Tier.DEVICE or state.device != self.device:
+            raise NotResident(f"{state_id} is not resident on device {self.device} (worker {self.incarnation})")
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         result, error = None, None
         try:
@@ -155,7 +162,9 @@ class DeviceWorker:
             self._load(state, host, step)
         elif step.kind is TransitionKind.OFFLOAD:
             t0 = time.perf_counter()
-            self._offload(self.states[step.state_id], step.dirty)
+            state = self.states.get(step.state_id)
+            if state is not None and state.tier is Tier.DEVICE:  # else a restart took it: the host copy is current
+                self._offload(state, step.dirty)
         else:
             raise ValueError(f"transition kind {step.kind.value!r}; a worker runs only 'load' and 'offload'")
         return time.perf_counter() - t0

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from plexrl.api import errors
-from plexrl.api.cluster import StateHandle
+from plexrl.api.cluster import StateHandle, check_name
 from plexrl.api.futures import APIFuture
 from plexrl.api.types import SaveStateResponse
 from plexrl.policy import JobProfile, ModelMemory
@@ -45,7 +45,6 @@ from plexrl.runtime.node import Call, Synced
 from plexrl.runtime.recovery import NodeRecovery
 from plexrl.runtime.state_manager import check_budgets
 
-NAME_RULE = "a non-empty name"
 
 
 @dataclass(frozen=True)
@@ -164,11 +163,11 @@ class Front(NodeRecovery):
         it is placed provisionally when its first model is created."""
         from plexrl.api.client import ServiceClient
 
-        if not job or not isinstance(job, str):
-            raise errors.InvalidInput(f"job={job!r}; expected {NAME_RULE}")
-        if not (isinstance(slack, (int, float)) and slack >= 0):
+        check_name("job", job)
+        if not (isinstance(slack, (int, float)) and not isinstance(slack, bool) and slack >= 0):
             raise errors.InvalidInput(f"slack={slack!r}; expected a fraction of a step >= 0, e.g. 0.1")
         self._check_open()
+        self._ask("claim", job, self.front)
         if profile is not None:
             if profile.job != job:
                 raise errors.InvalidInput(f"profile is for job {profile.job!r}, not {job!r}")
@@ -183,6 +182,8 @@ class Front(NodeRecovery):
     # -- what clients call -------------------------------------------------------------------------
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
                   slack: float = 0.10, admission_timeout: float | None = None) -> StateHandle:
+        check_name("job", job)
+        check_name("model name", name)
         self._check_open()
         source = str(base_model)
         config = self._config(source)
@@ -218,6 +219,10 @@ class Front(NodeRecovery):
             return APIFuture.failed(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
         try:
             functions.spec(fn)
+            if fn == "sample":
+                self._check_sample_size(state, payload)
+            elif fn == "load_state":
+                self._check_own_checkpoint(state, payload["path"])
         except errors.InvalidInput as exc:
             return APIFuture.failed(exc)
         group = self._route(state)
@@ -234,6 +239,29 @@ class Front(NodeRecovery):
         if ref is not future:
             remote.as_future(ref).add_done_callback(lambda done: self._resolve(done, future, state, fn, group, payload))
         return future
+
+    def _check_sample_size(self, state: StateHandle, payload: dict) -> None:
+        """A sample call's tokens are bounded (`max_sampled_tokens`), and so is its KV cache: it
+        must fit the device budget (it is memory the call holds on the device besides the state)."""
+        num, tokens = payload["num_samples"], num_samples_tokens(payload)
+        if tokens > self.config.max_sampled_tokens:
+            raise errors.InvalidInput(
+                f"num_samples={num} x (prompt + max_tokens) = {tokens:,} tokens in one sample call; expected at most "
+                f"max_sampled_tokens={self.config.max_sampled_tokens:,} (a cluster setting): split the call")
+        kv = tokens * kv_bytes_per_token(self._config(state.source))
+        if kv + state.device_bytes > self.config.device_memory_bytes:
+            raise errors.InvalidInput(
+                f"num_samples={num} needs a {kv:,}-byte KV cache next to its {state.device_bytes:,}-byte model, more "
+                f"than a device budget of {self.config.device_memory_bytes:,} bytes: sample fewer sequences at once")
+
+    def _check_own_checkpoint(self, state: StateHandle, path: str) -> None:
+        """A job loads its own checkpoints, or folders from outside the cluster's checkpoint
+        directory (a base model, an exported run), never another job's."""
+        folder, root = Path(path).resolve(), self.checkpoint_dir.resolve()
+        if folder.is_relative_to(root) and not folder.is_relative_to(root / state.job):
+            raise errors.InvalidInput(
+                f"checkpoint {str(path)!r} is another job's (under {str(root)!r} but not under job {state.job!r}'s "
+                "folder); expected one of this job's own checkpoints or a folder outside the checkpoint directory")
 
     def _route(self, state: StateHandle) -> int | None:
         group = self._routes.get(state.state_id)
@@ -449,6 +477,19 @@ def _add_counts(dicts: list[dict]) -> dict:
         for key, value in d.items():
             total[key] = total.get(key, 0) + value
     return total
+
+
+def num_samples_tokens(payload: dict) -> int:
+    """Tokens a sample call holds at its end: every sequence's prompt and completion."""
+    return int(payload["num_samples"]) * (len(payload["tokens"]) + int(payload["params"].max_tokens))
+
+
+def kv_bytes_per_token(config) -> int:
+    """Float32 keys and values of every layer for one token of a Hugging Face decoder config."""
+    heads = getattr(config, "num_attention_heads", 1)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * 4
 
 
 def _resolve_device(torch_device: str) -> str:

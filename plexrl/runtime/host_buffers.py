@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 import weakref
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 
 FLOAT_BYTES = 4
 WRITEBACK_FLAGS = "writeback.flags"
+OWNER = "owner.pid"  # the process that made a node folder; the folder is stale once it is gone
 
 
 def shm_root() -> Path:
@@ -57,6 +59,8 @@ class SharedHostBuffers:
         # /dev/shm is RAM: files left behind by a process that exits without close() would stay
         # until reboot. At exit (or when this object goes) every file it still owns is removed.
         self._cleanup = weakref.finalize(self, _unlink_all, self._paths, self.folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / OWNER).write_text(str(os.getpid()))
 
     def allocate(self, nbytes: int) -> torch.Tensor:
         return self._new(f"host-{next(self._ids)}.f32", nbytes, map_buffer)
@@ -97,5 +101,31 @@ def _unlink_all(paths: dict[int, Path], folder: Path) -> None:
     for path in paths.values():
         path.unlink(missing_ok=True)
     paths.clear()
+    (folder / OWNER).unlink(missing_ok=True)
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
+
+
+def sweep_stale(root: Path | None = None) -> list[Path]:
+    """Remove the node folders under `root` (default: shm_root()) whose owner process is gone (a
+    driver killed with -9 leaves its host buffers in RAM-backed /dev/shm). Returns what it removed."""
+    removed = []
+    for folder in (root or shm_root()).glob("plexrl-*-node*"):
+        try:
+            pid = int((folder / OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or being made right now
+        if not _alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True

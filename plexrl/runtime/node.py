@@ -30,9 +30,9 @@ from plexrl.api.futures import APIFuture
 from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
 from plexrl.runtime import functions, remote
 from plexrl.runtime.arena import DeviceArena
-from plexrl.runtime.device_worker import StateSpec, WorkerReply, WorkerStep
+from plexrl.runtime.device_worker import NotResident, StateSpec, WorkerReply, WorkerStep
 from plexrl.runtime.events import EventLog, job_events
-from plexrl.runtime.host_buffers import SharedHostBuffers
+from plexrl.runtime.host_buffers import SharedHostBuffers, sweep_stale
 from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
 from plexrl.runtime.state_manager import StateManager
@@ -72,6 +72,7 @@ class Node:
         import transformers.models.auto.modeling_auto  # noqa: F401  (see DeviceWorker.__init__)
         self.telemetry = Telemetry(EventLog(event_log), epoch=epoch)  # the front's time axis
         arenas = {d: DeviceArena(d, device_memory_bytes) for d in devices}  # budgets only: never allocated here
+        sweep_stale()  # what dead drivers left on this machine
         self.buffers = SharedHostBuffers(shm_folder)
         self.writeback = self.buffers.flags(max(devices) + 1)  # set while a worker writes a host copy back
         self._torn: set[str] = set()  # states whose host copy a dying worker left half written
@@ -145,9 +146,15 @@ class Node:
             request.future.set_exception(lost)
 
     def _check_not_torn(self, request: Request) -> None:
-        """A torn state takes nothing but a restore (load_state)."""
-        if request.state_id in self._torn and request.fn != "load_state":
+        """A torn (or unreadable) state takes nothing but a restore (load_state)."""
+        if request.fn == "load_state":
+            return
+        if request.state_id in self._torn:
             raise errors.StateLost(self._torn_message(request.state_id, "died earlier"))
+        state = self.sm.states.get(request.state_id)
+        if state is not None and state.unreadable:
+            raise errors.StateLost(f"model {request.state_id!r} could not be read back from its spill file; restore "
+                                   "it from a checkpoint with load_state_with_optimizer(path) before using it")
 
     # -- the step: one request, on a device or on the node ----------------------------------------
     def _dispatch_loop(self, device: int) -> None:
@@ -168,8 +175,9 @@ class Node:
             self._book(steps, reply, request, device, sent)
             timing = {"wall_s": reply.wall_s, "device_s": reply.device_s}
             result, error = reply.result, reply.error
-        except Exception as exc:
-            error = self._worker_died(device, request, dispatched, exc) if remote.is_gone(exc) else exc
+        except Exception as exc:  # a worker found gone now, or found restarted (it lost what it held)
+            died = remote.is_gone(exc) or isinstance(exc, NotResident)
+            error = self._worker_died(device, request, dispatched, exc) if died else exc
         self._finish(request, plan, device, result, error, timing)
 
     def _step_on_node(self, request: Request, plan: LoadPlan) -> None:
@@ -212,6 +220,7 @@ class Node:
         if request.function.mutates:
             self.sm.forget_device_copy(state)  # the host copy changed: a device copy is stale now
             self._torn.discard(state.state_id)  # restored: its host copy is whole again
+            state.unreadable = False
         return result
 
     def _offload_elsewhere(self, plan: LoadPlan, job: str, device: int) -> list[Transition]:

@@ -170,7 +170,11 @@ class GroupScheduler:
             if self.sm.states[state_id].busy:
                 self._queue.park(state_id)
                 continue
-            plan = self.sm.prepare(state_id, device, self._queue.head(state_id).job, self.pending)
+            try:
+                plan = self.sm.prepare(state_id, device, self._queue.head(state_id).job, self.pending)
+            except Exception as exc:  # a restore that failed fails its request, never the dispatcher
+                self._fail(self._queue.head(state_id), as_user_error(exc, self._queue.head(state_id)), self._fail_head)
+                continue
             if isinstance(plan, NoFit):
                 if self._hopeless():
                     self._fail(self._queue.head(state_id), errors.StateTooLarge(plan.reason), self._fail_head)
@@ -204,14 +208,13 @@ class GroupScheduler:
     # -- requests for node functions --------------------------------------------------------------
     def _serve_io(self, request: Request) -> None:
         """Wait until the state (and the host room a restore needs) is free, then run the node's step."""
-        with self._cond:
-            while True:
-                state = self.sm.states[request.state_id]
-                plan = None if state.busy else self.sm.prepare(request.state_id, None, request.job, self.pending)
-                in_use = any(s.busy for s in self.sm.states.values())
-                if self._closed or not (plan is None or (isinstance(plan, NoFit) and in_use)):
-                    break
-                self._cond.wait(_RETRY_S)  # the state, or the host room it needs, is in use
+        try:
+            plan = self._plan_io(request)
+        except Exception as exc:  # a restore that failed fails its request, never the I/O thread
+            self.telemetry.failed(request.job)
+            self.complete(request)
+            request.future.set_exception(as_user_error(exc, request))
+            return
         if isinstance(plan, LoadPlan):
             self._run_on_node(request, plan)
             return
@@ -221,6 +224,16 @@ class GroupScheduler:
             request.future.set_exception(errors.ClusterClosed("the cluster closed before this call ran"))
         else:
             request.future.set_exception(errors.StateTooLarge(plan.reason if plan is not None else "no room"))
+
+    def _plan_io(self, request: Request) -> LoadPlan | NoFit | None:
+        with self._cond:
+            while True:
+                state = self.sm.states[request.state_id]
+                plan = None if state.busy else self.sm.prepare(request.state_id, None, request.job, self.pending)
+                in_use = any(s.busy for s in self.sm.states.values())
+                if self._closed or not (plan is None or (isinstance(plan, NoFit) and in_use)):
+                    return plan
+                self._cond.wait(_RETRY_S)  # the state, or the host room it needs, is in use
 
     # -- shutdown ------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -42,7 +42,7 @@ class ModelState:
     adam_step: int = 0
     dirty: bool = False  # device copy changed since it was loaded
     busy: bool = False
-    retired: bool = False
+    unreadable: bool = False  # its spill file could not be read back: only a checkpoint load revives it
     last_used_s: float = 0.0
     spill_path: Path | None = None
     _resident: torch.Tensor | None = field(default=None, repr=False)  # arena region while DEVICE

@@ -221,8 +221,22 @@ class StateManager:
         return state.host_bytes
 
     def _restore(self, state: ModelState, t: Transition) -> int:
+        """Read the spill file back. An unreadable one marks the state `unreadable` (the caller's
+        request fails; nothing else changes); an unreadable state comes back zeroed, for the
+        checkpoint load that revives it to fill."""
         host = self.buffers.allocate(state.host_bytes)
-        host.copy_(load_file(str(state.spill_path))["flat"])
+        try:
+            if state.unreadable:
+                host.zero_()
+            else:
+                host.copy_(load_file(str(state.spill_path))["flat"])
+        except Exception as exc:
+            self.buffers.release(host)
+            state.unreadable = True
+            raise errors.StateLost(
+                f"model {state.state_id!r} could not be read back from its spill file ({type(exc).__name__}: {exc}); "
+                "restore it from a checkpoint with load_state_with_optimizer(path) (load_state for weights only) "
+                "before using it") from exc
         state.spill_path.unlink(missing_ok=True)
         state.spill_path = None
         state.host = host
