@@ -37,7 +37,7 @@ class FakeCluster:
         self.steps: list[tuple[str, int, dict]] = []
         self.finished: list[str] = []
 
-    def add_model(self, job, name, base_model, trainable, slack=0.10, admission_timeout=None) -> StateHandle:
+    def add_model(self, job, name, base_model, trainable, slack=0.10, admission_timeout=None, owner=None) -> StateHandle:
         return StateHandle(f"{job}/{name}", job, name, str(base_model), trainable, 1 << 20, 1 << 20)
 
     def submit(self, state, fn, payload) -> APIFuture:
@@ -63,7 +63,7 @@ class FakeCluster:
     def report_step(self, job, step, **fields):
         self.steps.append((job, step, fields))
 
-    def finish_job(self, job):
+    def finish_job(self, job, owner=None):
         self.finished.append(job)
 
 

@@ -78,3 +78,20 @@ def test_no_shared_memory_is_left_by_a_process_that_does_not_close(tmp_path, mic
     assert done.returncode == 0, done.stderr[-2000:]
     name = done.stdout.split()[-1]
     assert not list(Path("/dev/shm").glob(f"{name}-*")), "host buffers left in /dev/shm"
+
+
+class _Unbuildable:
+    """Pickles fine here, cannot be rebuilt in the child (as a custom loss from a module it cannot import)."""
+
+    def __reduce__(self):
+        return (_missing_module_thing, ())
+
+
+def _missing_module_thing():
+    raise ModuleNotFoundError("No module named 'the_users_training_script'")
+
+
+def test_arguments_the_child_cannot_rebuild_fail_that_call_only(counter):
+    with pytest.raises(RuntimeError, match="could not be rebuilt in the worker process"):
+        counter.add.remote(_Unbuildable()).result(TIMEOUT_S)
+    assert counter.add.remote(1).result(TIMEOUT_S) == 11 and counter.restarts == 0, "the child lived on"

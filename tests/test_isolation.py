@@ -197,3 +197,23 @@ def test_stale_shared_memory_of_a_dead_driver_is_swept(micro_model):
     assert left, "the killed driver left its host buffers (else this test tests nothing)"
     with plexrl.LocalCluster(devices=1, device_memory_bytes=16 * MiB, host_memory_bytes=64 * MiB):
         assert not any(folder.exists() for folder in left), "swept at start-up"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_second_controller_of_a_job_owns_only_what_it_created(engine, tiny_model):
+    """Two service clients of one job: closing the second frees its model (and its snapshots)
+    only; the first one's model keeps working; the job ends with its last client."""
+    with open_engine(engine) as c:
+        first, second = c.service_client("shared"), c.service_client("shared")
+        mine = first.create_training_client(base_model=tiny_model, name="p")
+        theirs = second.create_training_client(base_model=tiny_model, name="q")
+        theirs.save_weights_and_get_sampling_client()
+        before = c.fetch_weights(mine.state)
+        second.close()
+        assert sorted(c.metrics()["residency"]) == ["shared/p"]
+        with pytest.raises(errors.UnknownModel):
+            theirs.forward_backward([datum([5, 6, 7])]).result(TIMEOUT_S)
+        np.testing.assert_array_equal(c.fetch_weights(mine.state), before)
+        assert mine.forward_backward([datum([5, 6, 7])]).result(TIMEOUT_S).metrics["loss:sum"] > 0
+        first.close()
+        assert c.metrics()["residency"] == {}

@@ -12,6 +12,8 @@ transformers when it is called).
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -34,23 +36,30 @@ LossFn = str | Callable
 
 
 class ServiceClient:
-    def __init__(self, cluster: Cluster, job: str, slack: float = 0.10, admission_timeout: float | None = None):
+    """A job's handle. Several service clients of one job (controllers of its parts) each own
+    what they create: `close()` frees only that, and the job ends when its last one closes."""
+
+    def __init__(self, cluster: Cluster, job: str, slack: float = 0.10, admission_timeout: float | None = None,
+                 owner: int | None = None):
         self.cluster = cluster
         self.job = job
         self.slack = slack
         self.admission_timeout = admission_timeout
+        self.owner = owner  # the cluster's number for this client (None: the client owns the whole job)
 
     def create_training_client(self, base_model: str | Path, seed: int = 0, name: str = "policy") -> "TrainingClient":
         """A trainable, full-parameter model of this job, loaded from a local HF folder."""
         validation.check_seed(seed)
-        state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout)
+        state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout,
+                                       owner=self.owner)
         return TrainingClient(self.cluster, state, seed)
 
     def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0) -> "SamplingClient":
         """A frozen model (reference, teacher) for sampling and log-probs."""
         validation.check_seed(seed)
-        name = name or f"frozen:{Path(str(base_model)).name}"
-        state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout)
+        name = name or "frozen:" + re.sub(r"[^A-Za-z0-9._:-]", "_", Path(str(base_model)).name)
+        state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout,
+                                       owner=self.owner)
         return SamplingClient(self.cluster, state, seed)
 
     def report_step(self, step: int, **fields) -> None:
@@ -62,8 +71,9 @@ class ServiceClient:
         self.cluster.report_step(self.job, step, **fields)
 
     def close(self) -> None:
-        """The job is done: free its states and let waiting jobs in."""
-        self.cluster.finish_job(self.job)
+        """This client is done: free the states it created; the job's last client frees the job's
+        place and lets waiting jobs in."""
+        self.cluster.finish_job(self.job, owner=self.owner)
 
     def __enter__(self) -> "ServiceClient":
         return self

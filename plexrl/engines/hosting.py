@@ -119,7 +119,9 @@ class ProcessActor:
     def _call(self, name: str, args: tuple) -> Future:
         future: Future = Future()
         call_id = next(self._ids)
-        message = cloudpickle.dumps((call_id, name, args))  # by value: closures and custom losses too
+        # The arguments travel as a blob of their own (by value: closures and custom losses too), so
+        # that arguments the child cannot rebuild fail that call, never the child's loop.
+        message = pickle.dumps((call_id, name, cloudpickle.dumps(args)))
         with self._lock:
             if self._killed:
                 future.set_exception(WorkerGone(f"{self.name} was shut down"))
@@ -167,9 +169,17 @@ def _serve(conn: Connection) -> None:
     obj = cls(*args)
     while True:
         try:
-            call_id, name, call_args = pickle.loads(conn.recv_bytes())
+            call_id, name, blob = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
+        try:
+            call_args = pickle.loads(blob)
+        except Exception as exc:
+            conn.send_bytes(pickle.dumps((call_id, False, RuntimeError(
+                f"the arguments of {name} could not be rebuilt in the worker process ({type(exc).__name__}: {exc}); "
+                "a custom loss from a module that process cannot import must travel by value "
+                "(cloudpickle.register_pickle_by_value(module))"))))
+            continue
         try:
             reply = (call_id, True, getattr(obj, name)(*call_args))
         except Exception as exc:  # the caller's error: it travels back, the worker carries on

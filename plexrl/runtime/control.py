@@ -65,7 +65,8 @@ class Control:
         self._lost: dict[int, Recovery] = {}
         self.migrations = 0
         self._fronts = 0
-        self._owners: dict[str, int] = {}  # job -> the front whose service client runs it
+        self._owners: dict[str, dict[int, set[str]]] = {}  # job -> service client number -> its state ids
+        self._clients = 0
         self._lock = threading.Lock()
 
     def describe(self):
@@ -77,10 +78,26 @@ class Control:
             self._fronts += 1
             return self._fronts
 
-    def claim(self, job: str, front: int) -> None:
-        """A service client for `job` opened on `front` (see `finish`)."""
+    def claim(self, job: str) -> int:
+        """A number for a new service client of `job`: what it creates is its own (see `release`)."""
         with self._lock:
-            self._owners.setdefault(job, front)
+            self._clients += 1
+            self._owners.setdefault(job, {})[self._clients] = set()
+            return self._clients
+
+    def own(self, job: str, owner: int, state_id: str) -> None:
+        with self._lock:
+            self._owners.get(job, {}).setdefault(owner, set()).add(state_id)
+
+    def release(self, job: str, owner: int) -> tuple[list[str], bool]:
+        """`owner` closed: the ids of the states it created (their sampler snapshots too), and
+        whether it was the job's last open client (then the whole job finishes)."""
+        with self._lock:
+            owners = self._owners.get(job, {})
+            mine = owners.pop(owner, set())
+            last = not owners
+        ids = [h.state_id for h in self._handles_of(job) if h.state_id.split("@")[0] in mine]
+        return ids, last
 
     def now(self) -> float:
         return self.telemetry.now()

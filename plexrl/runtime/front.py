@@ -167,12 +167,11 @@ class Front(NodeRecovery):
         if not (isinstance(slack, (int, float)) and not isinstance(slack, bool) and slack >= 0):
             raise errors.InvalidInput(f"slack={slack!r}; expected a fraction of a step >= 0, e.g. 0.1")
         self._check_open()
-        self._ask("claim", job, self.front)
         if profile is not None:
             if profile.job != job:
                 raise errors.InvalidInput(f"profile is for job {profile.job!r}, not {job!r}")
             self._admit(profile, slack, provisional=False, timeout=admission_timeout)
-        return ServiceClient(self, job, slack, admission_timeout)
+        return ServiceClient(self, job, slack, admission_timeout, owner=self._ask("claim", job))
 
     def _admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> int:
         group, shift_s = self._ask("admit", profile, slack, provisional, timeout)
@@ -181,7 +180,7 @@ class Front(NodeRecovery):
 
     # -- what clients call -------------------------------------------------------------------------
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
-                  slack: float = 0.10, admission_timeout: float | None = None) -> StateHandle:
+                  slack: float = 0.10, admission_timeout: float | None = None, owner: int | None = None) -> StateHandle:
         check_name("job", job)
         check_name("model name", name)
         self._check_open()
@@ -195,6 +194,8 @@ class Front(NodeRecovery):
             memory = [ModelMemory(name, nbytes, nbytes)]
             group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout)
         handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable)))
+        if owner is not None:
+            self._ask("own", job, owner, handle.state_id)
         return self._bind(handle, group)
 
     def _bind(self, handle: StateHandle, group: int, sampler: tuple[str, str] | None = None) -> StateHandle:
@@ -368,12 +369,19 @@ class Front(NodeRecovery):
         self._ask("migrated", job, source, group, [h.state_id for h in models])
         self._reinstate(job, group, inputs)
 
-    def finish_job(self, job: str) -> None:
-        """The job is done: its states are freed and waiting jobs may be admitted."""
+    def finish_job(self, job: str, owner: int | None = None) -> None:
+        """Free what service client `owner` created; when it was the job's last one (or `owner` is
+        None), the job is done: all its states are freed and waiting jobs may be admitted."""
+        states, last = self._ask("release", job, owner) if owner is not None else (None, True)
+        if last:
+            states = None
         group = self._ask("placement", job)
         if group is not None and group not in self._lost_seen:
-            remote.get(self.nodes[group].remove_job.remote(job))
-        for state_id in self._ask("finish", job):
+            remote.get(self.nodes[group].remove_job.remote(job, states))
+        freed = self._ask("finish", job) if last else states
+        for state_id in freed:
+            if not last:
+                self._ask("unbind", state_id)
             with self._lock:
                 self._handles.pop(state_id, None)
                 self._routes.pop(state_id, None)

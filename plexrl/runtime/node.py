@@ -100,9 +100,10 @@ class Node:
         remote.get(prepared)  # every worker of the node can run the model from its first call on
         return _handle(state)
 
-    def remove_job(self, job: str) -> None:
-        """Free every state of `job` once its queued calls are done."""
-        for sid in [sid for sid, s in list(self.sm.states.items()) if s.job == job]:
+    def remove_job(self, job: str, states: list[str] | None = None) -> None:
+        """Free every state of `job` (only `states`, when given) once its queued calls are done."""
+        for sid in [sid for sid, s in list(self.sm.states.items())
+                    if s.job == job and (states is None or sid in states)]:
             with self.changed:
                 while self.sm.states[sid].busy or self.group.pending(sid):
                     self.changed.wait(0.01)
