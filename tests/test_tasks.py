@@ -105,7 +105,8 @@ def test_problems_are_deterministic_in_the_generator():
 
 
 @pytest.mark.parametrize("bad", [dict(name="chess"), dict(name="tool_use", tool="shell"),
-                                 dict(name="addition", low=50, high=10)])
+                                 dict(name="addition", low=50, high=10),
+                                 dict(name="tool_use", latency_s=-1.0)])
 def test_bad_task_options_name_the_value(bad):
     name = bad.pop("name")
     with pytest.raises(ValueError, match="expected"):

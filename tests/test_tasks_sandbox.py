@@ -43,3 +43,32 @@ def test_calculator(expression, ok, output):
     result = sandbox.calculator(expression)
     assert (result.ok, result.output) == (ok, output)
     assert result.ok or result.error.startswith("bad expression")
+
+
+# The in-process answer must equal the subprocess's (ok, output): it replaces it in every tool call.
+@pytest.mark.parametrize("code", [
+    "print(23*47)", "print(-7/2)", "print(7//2, 7%3)", "print(1/3)", "print(0.1+0.2)", "print()",
+    "print(1/0)", "print(5%0)", "print(10**400)", "print(99999999999999999999*99999999999999999999)",
+    "print(23*47", "print(23*47))", "print(x)", "print(len)", "print('a')", "print(*[1])",
+    "print(1e308*10)", "print(-0.0)", "print(0x10+1_000)", "print(2**8)", "print(" + "9" * 300 + ")",
+])
+def test_print_arithmetic_matches_the_subprocess(code):
+    fast, reference = sandbox.print_arithmetic(code), sandbox.run_python(code)
+    if fast is not None:
+        assert (fast.ok, fast.output) == (reference.ok, reference.output), code
+        assert fast.ok or fast.error.startswith("crash") or fast.error == "output too long"
+
+
+def test_print_arithmetic_leaves_other_code_to_the_subprocess():
+    for code in ("print(x)", "print(len)", "print(2**8)", "import os", "print(*[1])", "print(1, sep='-')"):
+        assert sandbox.print_arithmetic(code) is None, code
+    assert sandbox.print_arithmetic("print(23*47)") == sandbox.ToolResult(True, "1081")
+
+
+def test_service_waits_a_deterministic_latency_without_cpu():
+    assert sandbox.service_latency_s("print(1)") == sandbox.service_latency_s("print(1)")
+    assert 0.5 * 0.1 <= sandbox.service_latency_s("print(2)", 0.1) < 1.5 * 0.1
+    started, cpu = time.perf_counter(), time.process_time()
+    assert sandbox.call_service("print(6*7)", latency_s=0.2) == sandbox.ToolResult(True, "42")
+    assert time.perf_counter() - started >= sandbox.service_latency_s("print(6*7)", 0.2)
+    assert time.process_time() - cpu < 0.05, "a remote service's wait is a sleep, not work on our cores"
