@@ -1,5 +1,4 @@
-"""Tenants kept apart, faults contained (issue: "Tenants kept apart"): on the local and the process
-engine, no name can alias another job's state or leave its folder, a failed restore or a dead
+"""Tenants kept apart, faults contained (issue: "Tenants kept apart"): on every engine, no name can alias another job's state or leave its folder, a failed restore or a dead
 idle device fails only the request that needed it, calls queued behind a retriable failure do
 not run, sample calls are bounded, and stale shared memory of dead drivers is swept."""
 
@@ -22,13 +21,20 @@ from tests.helpers import datum, rl_job
 
 MiB = 1 << 20
 TIMEOUT_S = 120
-ENGINES = ["local", "process"]
+ENGINES = ["local", "process", pytest.param("ray", marks=pytest.mark.ray)]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request) -> str:
+    if request.param == "ray":
+        request.getfixturevalue("ray_node")  # one Ray instance for the module
+    return request.param
 
 
 def open_engine(engine: str, **settings):
     settings.setdefault("device_memory_bytes", 64 * MiB)
     settings.setdefault("host_memory_bytes", 256 * MiB)
-    return engines.engine_class(engine)(devices=settings.pop("devices", 1), **settings)
+    return engines.open_cluster(engine, settings.pop("devices", 1), **settings)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +58,6 @@ def test_names_that_could_alias_or_escape_are_refused(job, model, tiny_model):
         assert c.metrics()["residency"] == {}, "nothing was created"
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 def test_spilled_states_of_look_alike_names_never_share_a_file(engine, tiny_model, solo):
     """Three jobs on one device whose host budget holds ~3.3 states: states spill and restore
     all the time; names that once mapped to one spill file ('x__y'/'p' and 'x'/'y__p') stay apart."""
@@ -77,7 +82,6 @@ def test_spilled_states_of_look_alike_names_never_share_a_file(engine, tiny_mode
         np.testing.assert_array_equal(results[seed], solo[seed], err_msg=f"job of seed {seed} changed by the others")
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 def test_a_job_cannot_load_another_jobs_checkpoint(engine, tiny_model, tmp_path):
     with open_engine(engine, workdir=tmp_path) as c:
         a = c.service_client("a").create_training_client(base_model=tiny_model)
@@ -89,7 +93,6 @@ def test_a_job_cannot_load_another_jobs_checkpoint(engine, tiny_model, tmp_path)
         assert b.forward_backward([datum([5, 6, 7])]).result(TIMEOUT_S).metrics["loss:sum"] > 0
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 def test_a_failed_restore_fails_only_its_request(engine, tiny_model, tmp_path):
     """Truncate a spilled state's file: its next call fails with StateLost, the device keeps
     serving the other model, and a checkpoint load revives the state."""
@@ -169,7 +172,6 @@ def test_calls_queued_behind_a_retriable_failure_do_not_run(tiny_model):
     np.testing.assert_array_equal(train(True), train(False))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 def test_sample_calls_are_bounded(engine, tiny_model):
     with open_engine(engine, max_sampled_tokens=4096) as c:
         sampler = c.service_client("greedy").create_sampling_client(base_model=tiny_model)
@@ -199,7 +201,6 @@ def test_stale_shared_memory_of_a_dead_driver_is_swept(micro_model):
         assert not any(folder.exists() for folder in left), "swept at start-up"
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 def test_a_second_controller_of_a_job_owns_only_what_it_created(engine, tiny_model):
     """Two service clients of one job: closing the second frees its model (and its snapshots)
     only; the first one's model keeps working; the job ends with its last client."""

@@ -67,6 +67,9 @@ def test_a_job_that_does_not_fit_waits_until_another_finishes(tiny_model):
 
         waiter = threading.Thread(target=second_job)
         waiter.start()
+        deadline = time.monotonic() + 60  # the waiter reaches admission when its thread gets to run
+        while "second" not in c.metrics()["admission"] and time.monotonic() < deadline:
+            time.sleep(0.02)
         time.sleep(0.3)
         assert "loss" not in admitted and c.metrics()["admission"]["second"]["waiting_reason"]
         first.close()
