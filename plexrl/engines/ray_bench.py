@@ -78,45 +78,52 @@ def recovery_s(trainer, datum) -> float:
     return time.perf_counter() - died
 
 
+def _lose_a_node_under_a_job(cluster, lost: int, remove, model_dir: str) -> float:
+    """Place two busy jobs (one per node group), keep the one on group `lost`, train it two
+    checkpointed steps, `remove()` its node: seconds until its next successful step."""
+    from plexrl.policy import JobProfile, ModelMemory
+
+    datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
+    busy = {job: JobProfile(job, period_s=1.0, demand=(2.0,) * 20, devices=2,
+                            models=(ModelMemory("policy", 1 << 20, 1 << 20),)) for job in ("a", "b")}
+    services = {job: cluster.service_client(job, profile=profile) for job, profile in busy.items()}
+    victim = next(job for job in services if cluster.metrics()["placement"][job]["group"] == lost)
+    for job, service in services.items():
+        if job != victim:
+            service.close()
+    trainer = services[victim].create_training_client(base_model=model_dir)
+    for step in range(2):
+        trainer.forward_backward([datum])
+        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
+        cluster.report_step(victim, step)
+    removed = time.perf_counter()
+    remove()
+    try:
+        trainer.forward_backward([datum]).result()
+    except errors.WorkerFailed:
+        pass  # the job resumes from its restored step
+    trainer.forward_backward([datum])
+    trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
+    return time.perf_counter() - removed
+
+
 def node_loss_s(model_dir: str) -> float:
     """Seconds from a node's removal to the next successful step of the job it held, restored on
     the other node from its checkpoint (2 simulated nodes x 2 logical GPUs, a shared folder)."""
     from ray.cluster_utils import Cluster
 
     from plexrl.engines.ray_engine import RayCluster
-    from plexrl.policy import JobProfile, ModelMemory
 
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2, "include_dashboard": False,
                                                           "object_store_memory": 80 << 20})
     worker = nodes.add_node(num_cpus=1, num_gpus=2, object_store_memory=80 << 20)
     ray.init(address=nodes.address, log_to_driver=False)
     nodes.wait_for_nodes()
-    datum = plexrl.Datum(plexrl.ModelInput.from_ints([5, 6, 7]), {"target_tokens": [6, 7, 8]})
     try:
         with RayCluster(address="auto", devices_per_node=2, device_memory_bytes=64 << 20, host_memory_bytes=256 << 20,
                         checkpoint_dir=tempfile.mkdtemp(prefix="plexrl-bench-ckpt-"), checkpoint_every_steps=1) as cluster:
-            busy = {job: JobProfile(job, period_s=1.0, demand=(2.0,) * 20, devices=2,
-                                    models=(ModelMemory("policy", 1 << 20, 1 << 20),)) for job in ("a", "b")}
-            services = {job: cluster.service_client(job, profile=profile) for job, profile in busy.items()}
             lost = cluster.node_ids.index(worker.node_id)
-            victim = next(job for job in services if cluster.metrics()["placement"][job]["group"] == lost)
-            for job, service in services.items():
-                if job != victim:
-                    service.close()
-            trainer = services[victim].create_training_client(base_model=model_dir)
-            for step in range(2):
-                trainer.forward_backward([datum])
-                trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
-                cluster.report_step(victim, step)
-            removed = time.perf_counter()
-            nodes.remove_node(worker)
-            try:
-                trainer.forward_backward([datum]).result()
-            except errors.WorkerFailed:
-                pass  # the job resumes from its restored step
-            trainer.forward_backward([datum])
-            trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result()
-            seconds = time.perf_counter() - removed
+            seconds = _lose_a_node_under_a_job(cluster, lost, lambda: nodes.remove_node(worker), model_dir)
         shutil.rmtree(node_folder(cluster.name, lost), ignore_errors=True)  # the dead node's (same machine)
         return seconds
     finally:
