@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import os
 import shutil
 from pathlib import Path
@@ -68,25 +67,13 @@ def adam_step(state: ModelState, params: AdamParams) -> dict[str, float]:
     backup = None if step_is_finite(state, flat, params, grad_norm * scale) else flat.clone()
     if clip:
         grads.mul_(scale)
-    weights.grad = grads
-    optimizer = torch.optim.AdamW(
-        [weights], lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
-        weight_decay=params.weight_decay, foreach=False, fused=False,
-    )
-    optimizer.state[weights] = {
-        "step": torch.tensor(float(state.adam_step)),
-        "exp_avg": exp_avg,
-        "exp_avg_sq": exp_avg_sq,
-    }
     try:
-        optimizer.step()
+        _adamw(state, flat, params)
     except RuntimeError as exc:  # torch refuses a scalar beyond float32 (lr / bias correction), midway
         if backup is None or "overflow" not in str(exc):
             raise
         flat.copy_(backup)
         raise errors.NonFiniteUpdate(nonfinite_step_message(state, params, was_finite=True)) from exc
-    finally:
-        weights.grad = None
     if backup is not None and not all_finite(weights, exp_avg, exp_avg_sq):
         was_finite = all_finite(*(state.segment(backup, i) for i in (0, 2, 3)))
         flat.copy_(backup)
@@ -96,25 +83,27 @@ def adam_step(state: ModelState, params: AdamParams) -> dict[str, float]:
     return {"grad_norm": grad_norm, "step": float(state.adam_step), "learning_rate": params.learning_rate}
 
 
-def check_adam_params(params: AdamParams) -> None:
-    """InvalidAdamParams naming every field that is not a finite number in its range (the client
-    checks the same; this is the runtime's own line of defence)."""
-    def bad(name: str, ok, expected: str) -> str | None:
-        value = getattr(params, name, None)
-        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and ok(value):
-            return None
-        return f"{name}={value!r} (expected {expected})"
+def _adamw(state: ModelState, flat: torch.Tensor, params: AdamParams) -> None:
+    """torch's single-tensor AdamW on the flat weights, its state the flat buffer's own moments."""
+    weights, grads, exp_avg, exp_avg_sq = (state.segment(flat, i) for i in range(4))
+    weights.grad = grads
+    optimizer = torch.optim.AdamW(
+        [weights], lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
+        weight_decay=params.weight_decay, foreach=False, fused=False,
+    )
+    optimizer.state[weights] = {"step": torch.tensor(float(state.adam_step)), "exp_avg": exp_avg,
+                                "exp_avg_sq": exp_avg_sq}
+    try:
+        optimizer.step()
+    finally:
+        weights.grad = None
 
-    problems = [p for p in (
-        bad("learning_rate", lambda v: v >= 0, "a finite number >= 0"),
-        bad("beta1", lambda v: 0 <= v < 1, "0 <= beta1 < 1"),
-        bad("beta2", lambda v: 0 <= v < 1, "0 <= beta2 < 1"),
-        bad("eps", lambda v: v > 0, "a finite number > 0"),
-        bad("weight_decay", lambda v: v >= 0, "a finite number >= 0"),
-        bad("grad_clip_norm", lambda v: v >= 0, "a finite number >= 0; 0 disables clipping"),
-    ) if p is not None]
-    if problems:
-        raise errors.InvalidAdamParams("bad Adam params: " + "; ".join(problems))
+
+def check_adam_params(params: object) -> None:
+    """The runtime's own line of defence: AdamParams.validate (the client checks the same)."""
+    if not isinstance(params, AdamParams):
+        raise errors.InvalidAdamParams(f"adam_params={params!r}; expected plexrl.AdamParams")
+    params.validate()
 
 
 def step_is_finite(state: ModelState, flat: torch.Tensor, params: AdamParams, max_grad: float) -> bool:
