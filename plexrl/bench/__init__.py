@@ -9,6 +9,7 @@ BENCHES = {
     "switch": "plexrl.bench.switch",
     "dispatch": "plexrl.bench.dispatch",
     "placement": "plexrl.bench.placement",
+    "faults": "plexrl.bench.faults",
     "ray": "plexrl.engines.ray_bench",
 }
 
