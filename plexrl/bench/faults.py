@@ -277,7 +277,7 @@ def mean_step_s(records: list[tuple[float, str, int, str | None]]) -> float:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="plexrl bench faults", description=__doc__)
     parser.add_argument("--kills", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=12, help="steps per job")
+    parser.add_argument("--steps", type=int, default=40, help="steps per job")
     parser.add_argument("--seed", type=int, default=0, help="the killer's generator")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
