@@ -1,4 +1,5 @@
-"""`plexrl demo --quick --json`: one run, the JSON the issue asks for, and the files it writes.
+"""`plexrl demo --quick --json`: one run, the JSON the issue asks for, and the files it writes;
+a short `--jobs 4` run (more jobs than devices); the exclusive schedule and the job list, pure.
 
 The warm-started models come from the user's cache (built on the first run, like `make demo`).
 """
@@ -12,22 +13,50 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from plexrl.rl.demo import MUX_DEVICES, demo_jobs, exclusive_schedule
+
+
+def run_demo(out, *options) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([sys.executable, "-m", "plexrl.cli", "demo", "--quick", "--json", "--out", str(out), *options],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)  # stdout must be exactly one JSON object
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run([sys.executable, "-m", "plexrl.cli", "demo", "--quick", "--json", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout), out  # stdout must be exactly one JSON object
+    return run_demo(out), out
 
 
+@pytest.mark.parametrize("durations, devices, expected", [
+    ([("a", 3.0), ("b", 2.0), ("c", 4.0)], 2, [(0, 0.0, 3.0), (1, 0.0, 2.0), (1, 2.0, 6.0)]),
+    ([("a", 1.0), ("b", 1.0)], 2, [(0, 0.0, 1.0), (1, 0.0, 1.0)]),               # ties: the lower device
+    ([("a", 1.0), ("b", 2.0), ("c", 1.0)], 1, [(0, 0.0, 1.0), (0, 1.0, 3.0), (0, 3.0, 4.0)]),  # one after another
+], ids=["three-on-two", "tie", "one-device"])
+def test_exclusive_schedule_is_list_scheduling_in_arrival_order(durations, devices, expected):
+    rows = exclusive_schedule(durations, devices)
+    assert [(r["device"], r["start_s"], r["end_s"]) for r in rows] == expected
+    assert [r["name"] for r in rows] == [name for name, _ in durations]
+
+
+def test_more_jobs_cycle_through_the_three_with_new_names_and_seeds():
+    three, six = demo_jobs(quick=True), demo_jobs(quick=True, jobs=6)
+    assert six[:3] == three  # the default jobs, unchanged
+    assert [s.name for s in six[3:]] == [f"{s.name}-2" for s in three]
+    assert [s.task for s in six[3:]] == [s.task for s in three]
+    assert len({s.name for s in six}) == 6 and len({s.seed for s in six}) == 6
+    assert [s.name for s in demo_jobs(quick=True, jobs=2)] == [s.name for s in three[:2]]
+
+
+@pytest.mark.slow
 def test_json_has_the_final_table(demo):
     summary, _ = demo
-    for key in ("jobs", "cost_reduction", "identical_rewards", "makespan_mux_s", "makespan_sequential_s", "switches"):
+    for key in ("jobs", "cost_reduction", "identical_rewards", "makespan_mux_s", "makespan_sequential_s", "switches",
+                "makespan_exclusive_s", "makespan_mux_vs_exclusive", "exclusive_schedule", "device_s_held_mux",
+                "device_s_held_exclusive", "device_s_held_exclusive_jobs", "makespan_exclusive_longest_first_s",
+                "host_cpu_s_mux"):
         assert key in summary
     assert len(summary["jobs"]) == 3 and summary["engine"] == "process"  # the default
     for job in summary["jobs"]:
@@ -37,12 +66,37 @@ def test_json_has_the_final_table(demo):
         assert job["consumed_device_s"] > 0 and job["reserved_device_s"] > 0
 
 
+@pytest.mark.slow
+def test_exclusive_baseline_is_built_from_the_dedicated_runs(demo):
+    summary, _ = demo
+    walls = [job["reserved_device_s"] for job in summary["jobs"]]
+    assert summary["exclusive_schedule"] == exclusive_schedule(
+        [(job["name"], job["reserved_device_s"]) for job in summary["jobs"]], MUX_DEVICES)
+    assert summary["makespan_exclusive_s"] == max(row["end_s"] for row in summary["exclusive_schedule"])
+    assert max(walls) <= summary["makespan_exclusive_s"] <= summary["makespan_sequential_s"] == pytest.approx(sum(walls))
+    assert max(walls) <= summary["makespan_exclusive_longest_first_s"] <= summary["makespan_sequential_s"]
+    assert summary["makespan_mux_vs_exclusive"] == pytest.approx(summary["makespan_mux_s"] / summary["makespan_exclusive_s"])
+    assert summary["device_s_held_mux"] == pytest.approx(MUX_DEVICES * summary["makespan_mux_s"])
+    assert summary["device_s_held_exclusive"] == pytest.approx(MUX_DEVICES * summary["makespan_exclusive_s"])
+    assert summary["device_s_held_exclusive_jobs"] == pytest.approx(sum(walls))
+
+
+@pytest.mark.slow
+def test_more_jobs_than_devices(tmp_path):
+    summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4")
+    assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]
+    assert summary["identical_rewards"] is True
+    assert len(summary["exclusive_schedule"]) == 4 and summary["makespan_exclusive_s"] > 0
+
+
+@pytest.mark.slow
 def test_multiplexed_rewards_equal_dedicated(demo):
     summary, _ = demo
     assert summary["identical_rewards"] is True
     assert all(job["rewards_mux"] == job["rewards_dedicated"] for job in summary["jobs"])
 
 
+@pytest.mark.slow
 def test_jobs_really_shared_the_devices(demo):
     summary, _ = demo
     assert summary["switches"] > 0, "the device budget is meant to force state swaps"
@@ -50,6 +104,7 @@ def test_jobs_really_shared_the_devices(demo):
     assert summary["cost_reduction"] == pytest.approx(1 - total)
 
 
+@pytest.mark.slow
 def test_outputs_written(demo):
     _, out = demo
     for name in ("rewards.png", "timeline.png", "cost.png", "events.jsonl", "summary.json"):

@@ -1,24 +1,32 @@
-"""`plexrl demo`: three RL jobs multiplexed on 2 devices vs each on its own device.
+"""`plexrl demo`: three RL jobs (or `--jobs N`) multiplexed on 2 devices vs each on its own device.
 
 1) warm-start (or reuse from the cache) one tiny model per task;
 2) dedicated: each job alone on a 1-device cluster, one after another (the colocated pattern:
-   the job reserves its device for its whole wall time);
+   the job reserves its device for its whole wall time). From these measured runs comes the
+   exclusive schedule on the same 2 devices: each job holds one device for its whole run, jobs
+   start in arrival order on the first free device (list scheduling). It is computed, not run:
+   each dedicated run had the machine's other core for its controller, so the baseline is
+   flattered, never us;
 3) multiplexed: the three controllers run concurrently (threads) on one 2-device cluster whose
    device budget holds about one job's working set per device, so states must be swapped;
    both clusters on the same engine (`--engine`): by default a process per device, so that the
    two devices compute in parallel and are charged their own CPU time, as GPUs would be — worker
    threads of one interpreter would take turns on its lock (`--engine local` shows that);
 4) compare: reward curves (must be identical: every sample has an explicit seed), device-seconds
-   consumed vs reserved, makespan; write plots, the event log and summary.json into --out.
+   consumed vs reserved, makespan multiplexed vs exclusive on the same devices (and vs one after
+   another on one device), device-seconds held by each; write plots, the event log and
+   summary.json into --out (the dedicated runs' event log as events-dedicated.jsonl).
 
-Device idle time inside a job is real: tool calls run in subprocesses, rewards and advantages
-are computed in the controller, and the controller waits on each result before the next call.
+Device idle time inside a job is real: tool calls wait on the sandbox service (a latency, as a
+service elsewhere in the cluster: `plexrl.tasks.sandbox`), rewards and advantages are computed
+in the controller, and the controller waits on each result before the next call.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -40,9 +48,10 @@ TRAINABLE_COPIES = 4
 DEVICE_BUDGET_WEIGHTS = 6
 
 
-def demo_jobs(quick: bool, steps: int | None = None) -> list[JobSpec]:
+def demo_jobs(quick: bool, steps: int | None = None, jobs: int | None = None) -> list[JobSpec]:
+    """The three demo jobs; `jobs=N` cycles through them (job i: its own name, seed i + 1)."""
     steps = steps or (6 if quick else 24)
-    return [
+    base = [
         JobSpec(name="addition-grpo", algorithm="grpo", task="addition", steps=steps, seed=1,
                 problems_per_step=16, group_size=8, learning_rate=2e-4),
         JobSpec(name="countdown-ppo", algorithm="ppo", task="countdown", steps=steps, seed=2,
@@ -50,19 +59,23 @@ def demo_jobs(quick: bool, steps: int | None = None) -> list[JobSpec]:
         JobSpec(name="tools-rpp", algorithm="reinforce_pp", task="tool_use", steps=steps, seed=3,
                 problems_per_step=4, group_size=4, learning_rate=2e-4, kl_coef=0.01, max_tokens=16),
     ]
+    count = jobs or len(base)
+    return [base[i] if i < len(base) else
+            base[i % len(base)].model_copy(update={"name": f"{base[i % len(base)].name}-{i // len(base) + 1}", "seed": i + 1})
+            for i in range(count)]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    specs = demo_jobs(args.quick, args.steps)
+    specs = demo_jobs(args.quick, args.steps, args.jobs)
     progress = Progress(specs, enabled=not args.json)
     progress.say("warm start (cached after the first run)...")
     models = {spec.name: str(warm_model(spec.task, spec.model)) for spec in specs}
     budget = DEVICE_BUDGET_WEIGHTS * 4 * max(parameter_count(m) for m in models.values())
     with progress, engines.session(args.engine, MUX_DEVICES):
-        dedicated = run_dedicated(specs, models, args, progress)
+        dedicated = run_dedicated(specs, models, args, progress, out)
         mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out)
     summary = summarise(specs, dedicated, mux, metrics, args)
     write_outputs(summary, events, out)
@@ -77,6 +90,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="plexrl demo", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (a first look; tests)")
     parser.add_argument("--steps", type=positive_int, default=None, help="steps per job (default 24; 6 with --quick)")
+    parser.add_argument("--jobs", type=positive_int, default=None,
+                        help="number of jobs (default 3); more cycle through the three with new names and seeds")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the final figures, nothing else")
     parser.add_argument("--out", default="plexrl-demo", help="folder for plots, events and summary (default ./plexrl-demo)")
     parser.add_argument("--policy", default="plexrl", help="scheduling policy of the multiplexed cluster (default plexrl)")
@@ -86,13 +101,13 @@ def parse_args(argv):
 
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of steps")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return int(text)
 
 
 # ---------------------------------------------------------------------------- the two modes
 
-def run_dedicated(specs, models, args, progress: "Progress") -> dict[str, tuple[JobResult, float]]:
+def run_dedicated(specs, models, args, progress: "Progress", out: Path) -> dict[str, tuple[JobResult, float]]:
     """Each job alone on one device, one after another: its result and the device-seconds it
     used (the rest of its wall time its reserved device sat idle)."""
     progress.mode = "dedicated"
@@ -100,6 +115,7 @@ def run_dedicated(specs, models, args, progress: "Progress") -> dict[str, tuple[
         warm_up(cluster, models.values())
         results = {s.name: run_job(cluster, s, models[s.name], on_step=progress.step) for s in specs}
         used = cluster.metrics()["jobs"]
+        cluster.write_events(out / "events-dedicated.jsonl")
         return {name: (result, used[name]["consumed_device_s"]) for name, result in results.items()}
 
 
@@ -107,7 +123,7 @@ def run_multiplexed(specs, models, args, budget, progress, out: Path):
     progress.mode = "multiplexed"
     with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy) as cluster:
         warm_up(cluster, models.values())
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(len(specs), thread_name_prefix="controller") as pool:
             futures = {s.name: pool.submit(run_job, cluster, s, models[s.name], on_step=progress.step) for s in specs}
             while not all(f.done() for f in futures.values()):
@@ -116,6 +132,7 @@ def run_multiplexed(specs, models, args, budget, progress, out: Path):
             results = {name: f.result() for name, f in futures.items()}
         metrics = cluster.metrics()
         metrics["makespan_s"] = time.perf_counter() - started
+        metrics["host_cpu_s"] = time.process_time() - cpu_started
         cluster.write_events(out / "events.jsonl")
         return results, metrics, cluster.events()
 
@@ -137,20 +154,51 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
     consumed = sum(j["consumed_device_s"] for j in jobs)
     reserved = sum(j["reserved_device_s"] for j in jobs)
     busy = metrics["device_busy_s"]
+    exclusive = exclusive_schedule([(s.name, dedicated[s.name][0].wall_s) for s in specs], MUX_DEVICES)
+    makespan_exclusive = max(row["end_s"] for row in exclusive)
+    # The same, had the jobs arrived longest first (durations known in advance): a stronger baseline.
+    longest_first = sorted(((s.name, dedicated[s.name][0].wall_s) for s in specs), key=lambda job: -job[1])
+    makespan_longest_first = max(row["end_s"] for row in exclusive_schedule(longest_first, MUX_DEVICES))
     return {
         "jobs": jobs,
         "cost_reduction": 1.0 - consumed / reserved,
         "identical_rewards": all(j["identical_rewards"] for j in jobs),
         "makespan_mux_s": metrics["makespan_s"],
-        "makespan_sequential_s": sum(result.wall_s for result, _ in dedicated.values()),
+        "makespan_exclusive_s": makespan_exclusive,
+        "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
+        "makespan_exclusive_longest_first_s": makespan_longest_first,
+        "makespan_sequential_s": sum(result.wall_s for result, _ in dedicated.values()),  # one device
+        "exclusive_schedule": exclusive,
+        "devices": MUX_DEVICES,
+        # Device-seconds held: multiplexed, both devices for the whole makespan; exclusive, either
+        # the devices for its makespan (a cluster reserved for the batch) or only each job's own
+        # device for its run (devices handed back the moment a job ends): both are reported.
+        "device_s_held_mux": MUX_DEVICES * metrics["makespan_s"],
+        "device_s_held_exclusive": MUX_DEVICES * makespan_exclusive,
+        "device_s_held_exclusive_jobs": sum(result.wall_s for result, _ in dedicated.values()),
         "switches": metrics["switches"],
         "switch_overhead": metrics["transition_s"] / busy if busy else 0.0,
         "device_utilisation_mux": busy / (MUX_DEVICES * metrics["makespan_s"]),
+        # Where the devices' time goes on a CPU machine: this process's CPU over the multiplexed
+        # run (controllers, the runtime's dispatch) competes with the devices for the same cores.
+        "host_cpu_s_mux": metrics["host_cpu_s"],
+        "cpu_cores": os.cpu_count(),
         "policy": args.policy,
         "engine": args.engine,
         "quick": args.quick,
         "out": str(args.out),
     }
+
+
+def exclusive_schedule(durations: list[tuple[str, float]], devices: int) -> list[dict]:
+    """List scheduling in arrival order: each job takes the device that frees first, for its whole run."""
+    free_at = [0.0] * devices
+    rows = []
+    for name, duration in durations:
+        device = min(range(devices), key=lambda d: (free_at[d], d))
+        rows.append({"name": name, "device": device, "start_s": free_at[device], "end_s": free_at[device] + duration})
+        free_at[device] += duration
+    return rows
 
 
 def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: JobResult, usage: dict) -> dict:
@@ -246,7 +294,7 @@ class Progress:
     def final_table(self, summary: dict) -> None:
         from rich.table import Table
 
-        table = Table(title="PlexRL demo: 3 jobs, multiplexed on 2 devices vs dedicated", caption=(
+        table = Table(title=f"PlexRL demo: {len(summary['jobs'])} jobs, multiplexed on {MUX_DEVICES} devices vs dedicated", caption=(
             "reward: first vs last quarter of steps; step s: multiplexed/dedicated;\n"
             "dev-s: consumed multiplexed (execution + switch-in) vs reserved dedicated (1 device x wall)"))
         for column, justify in (("job", "left"), ("algorithm", "left"), ("steps", "right"), ("reward", "right"),
@@ -261,8 +309,13 @@ class Progress:
                           "yes" if j["identical_rewards"] else "NO")
         self.console.print(table)
         self.console.print(
-            f"cost reduction {summary['cost_reduction']:.1%}   makespan {summary['makespan_mux_s']:.1f} s "
-            f"multiplexed vs {summary['makespan_sequential_s']:.1f} s one after another   "
+            f"cost reduction {summary['cost_reduction']:.1%}   makespan on {MUX_DEVICES} devices: "
+            f"{summary['makespan_mux_s']:.1f} s multiplexed vs {summary['makespan_exclusive_s']:.1f} s exclusive "
+            f"(each job holding one device, arrival order) = {summary['makespan_mux_vs_exclusive']:.2f}x; "
+            f"{summary['makespan_sequential_s']:.1f} s one after another on one device\n"
+            f"device-s held: {summary['device_s_held_mux']:.1f} multiplexed ({MUX_DEVICES} x makespan) vs "
+            f"{summary['device_s_held_exclusive']:.1f} exclusive ({MUX_DEVICES} x makespan) or "
+            f"{summary['device_s_held_exclusive_jobs']:.1f} (each job's device for its run only)\n"
             f"switches {summary['switches']} (overhead {summary['switch_overhead']:.1%} of busy time)   "
             f"identical rewards: {summary['identical_rewards']}\n"
             f"plots, events.jsonl and summary.json in {summary['out']}/")

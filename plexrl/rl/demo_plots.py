@@ -59,7 +59,7 @@ def device_timeline(events: list[dict], path: Path) -> Path:
 def cost_bars(summary: dict, path: Path) -> Path:
     jobs = summary["jobs"]
     names = [job["name"] for job in jobs]
-    figure, (cost, makespan) = plt.subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [3, 1]})
+    figure, (cost, makespan, held) = plt.subplots(1, 3, figsize=(14, 3.8), gridspec_kw={"width_ratios": [3, 1.4, 1.4]})
     positions = range(len(jobs))
     cost.bar([p - 0.2 for p in positions], [j["reserved_device_s"] for j in jobs], 0.4, label="reserved (dedicated)")
     cost.bar([p + 0.2 for p in positions], [j["consumed_device_s"] for j in jobs], 0.4, label="consumed (multiplexed)")
@@ -68,9 +68,19 @@ def cost_bars(summary: dict, path: Path) -> Path:
     cost.set_ylabel("device-seconds")
     cost.set_title(f"cost: {summary['cost_reduction']:.0%} lower multiplexed")
     cost.legend()
-    makespan.bar(["one after another", "multiplexed"], [summary["makespan_sequential_s"], summary["makespan_mux_s"]])
+    devices = summary["devices"]
+    makespan.bar([f"one after\nanother\n(1 device)", f"exclusive\n({devices} devices)", f"multiplexed\n({devices} devices)"],
+                 [summary["makespan_sequential_s"], summary["makespan_exclusive_s"], summary["makespan_mux_s"]],
+                 color=["tab:gray", "tab:blue", "tab:orange"])
     makespan.set_ylabel("seconds")
-    makespan.set_title("makespan, 3 jobs")
+    makespan.set_title(f"makespan, {len(jobs)} jobs: {summary['makespan_mux_vs_exclusive']:.2f}x exclusive", fontsize=10)
+    held.bar([f"exclusive\n{devices} x makespan", "exclusive\njobs' own runs", f"multiplexed\n{devices} x makespan"],
+             [summary["device_s_held_exclusive"], summary["device_s_held_exclusive_jobs"], summary["device_s_held_mux"]],
+             color=["tab:blue", "tab:cyan", "tab:orange"])
+    held.set_ylabel("device-seconds held")
+    held.set_title("devices held", fontsize=10)
+    for axis in (makespan, held):
+        axis.tick_params(axis="x", labelsize=8)
     return _save(figure, path)
 
 
