@@ -8,7 +8,8 @@ which `plexrl bench faults` runs too). Asserted:
 - every job finishes, every future bounded (a hang fails the run instead of blocking it);
 - every job's final weights are bitwise those of the same jobs run without kills;
 - every kill of a live process was followed by a restart of that process, and the runtime
-  counted a restart for every kill a job felt.
+  counted a restart for every kill a job felt;
+- a write-back torn by a death (StateLost) is redone from the step's checkpoint, bitwise too.
 """
 
 from __future__ import annotations
@@ -43,6 +44,24 @@ def test_killed_device_processes_leave_every_job_bitwise_unchanged(micro_model, 
     assert run.process_restarts == sum(k.live for k in kills), "every killed process was started again"
     assert metrics["recovery"]["worker_restarts"] >= felt, "the runtime counted every restart a job felt"
     print(f"kills {[(k.device, k.moment) for k in kills]}, recovery s {recoveries}, restarts {metrics['recovery']}")
+
+
+def test_a_torn_write_back_is_redone_from_the_step_checkpoint(micro_model, reference, tmp_path):
+    """Device 0's process dies halfway through its first write-back (the failpoint the runtime
+    offers tests): that model is StateLost, its job loads the checkpoint of the step and redoes
+    it; the other jobs' calls fail retriably. Every job still ends bitwise as without the fault."""
+    from plexrl.engines.process import ProcessCluster
+    from plexrl.runtime import remote
+
+    log = faults.FaultLog()
+    with ProcessCluster(**faults.cluster_settings(micro_model), workdir=str(tmp_path)) as cluster:
+        weights = faults.run_jobs(cluster, micro_model, STEPS, log,
+                                  on_ready=lambda: remote.get(cluster.workers[0].fail_at.remote("writeback")))
+        torn = [e["torn"] for e in cluster.events() if e["event"] == "worker_failed"]
+    assert torn and torn[0], f"no write-back was torn: the test tests nothing ({torn})"
+    assert any(error == "StateLost" for *_, error in log.snapshot())
+    for job in reference:
+        np.testing.assert_array_equal(weights[job], reference[job], err_msg=f"{job} differs after a torn write-back")
 
 
 def test_a_device_process_killed_while_a_model_is_added(micro_model, tmp_path):
