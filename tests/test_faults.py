@@ -98,3 +98,15 @@ def test_a_device_process_killed_while_a_model_is_added(micro_model, tmp_path):
         assert error is None or isinstance(error, errors.WorkerFailed), f"not retriable: {error!r}"
         client = outcome.get("client") or service.create_training_client(base_model=micro_model, seed=0)
         assert client.optim_step().result(120).metrics["step"] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_faults_json(capsys):
+    from plexrl.cli import main
+
+    assert main(["bench", "faults", "--json", "--kills", "1", "--steps", "6"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert {"recovery_s_median", "recovery_s_max", "step_s_mean", "ratio_median", "kills"} <= set(out)
+    assert out["bitwise_equal"] and out["process_restarts"] == out["kills"] == 1
