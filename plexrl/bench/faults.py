@@ -175,7 +175,7 @@ class Killer(threading.Thread):
         for _ in range(self.kills):
             delay = self.rng.uniform(0, 0.05) if self.rng.random() < 0.5 else self.rng.uniform(0.1, 0.4)
             device = devices[int(self.rng.integers(len(devices)))]
-            due = (self.log.slowest(self.jobs) or 0) + int(self.rng.integers(1, 3))
+            due = self.log.slowest(self.jobs) + int(self.rng.integers(1, 3))
             self._await(lambda: self.log.slowest(self.jobs) >= due)
             if self.stop.wait(delay):
                 return
@@ -195,6 +195,7 @@ class Killer(threading.Thread):
         t = time.perf_counter()
         os.kill(process.pid, signal.SIGKILL)
         return Kill(t, device, live, moment)
+
 
 def device_moment(events: list[dict], device: int) -> str:
     """What `device` was doing, from the event log: a call dispatched and not ended (loading a
