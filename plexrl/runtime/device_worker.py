@@ -59,6 +59,7 @@ class WorkerStep:
     host_path: str = ""
     offset: int = 0
     adam_step: int = 0
+    incarnation: str = ""  # which process of this device's worker answered
     dirty: bool = False
 
 
@@ -73,6 +74,7 @@ class WorkerReply:
     device_s: float = 0.0
     writeback_s: float = 0.0
     adam_step: int = 0
+    incarnation: str = ""  # which process of this device's worker answered
 
 
 class DeviceWorker:
@@ -127,7 +129,7 @@ class DeviceWorker:
         wall_s = time.perf_counter() - wall0
         device_s = wall_s if self.timing == "wall" else time.thread_time() - cpu0
         writeback_s = self._write_through(state) if functions.FUNCTIONS[fn].mutates else 0.0
-        return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step)
+        return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step, self.incarnation)
 
     def prepare(self, source: str) -> None:
         """Load a source's module template ahead of its first state here (the node calls this,

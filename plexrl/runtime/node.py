@@ -82,6 +82,7 @@ class Node:
         self.group = GroupScheduler(node, devices, self.sm, Policy.parse(policy), self.telemetry, self.changed,
                                     self._step_on_node)
         self.recovery = {"worker_restarts": 0, "restored_states": 0, "lost_work_s": 0.0}
+        self._incarnations: dict[int, str] = {}  # device -> the worker process last heard from
         self._samplers: dict[tuple[str, str], str] = {}
         self._versions: dict[tuple[str, str], int] = {}
         self._order = threading.Lock()
@@ -97,7 +98,12 @@ class Node:
         prepared = [worker.prepare.remote(source) for worker in self.workers.values()]  # meanwhile, there
         state = ModelState(f"{job}/{name}", job, name, load_module(source), trainable, source)
         self.sm.add(state, self.group.pending)
-        remote.get(prepared)  # every worker of the node can run the model from its first call on
+        for ref in prepared:  # every worker of the node can run the model from its first call on
+            try:
+                remote.get(ref)
+            except Exception as exc:  # a worker that died meanwhile loads the template on first use
+                if not remote.is_gone(exc):
+                    raise
         return _handle(state)
 
     def remove_job(self, job: str, states: list[str] | None = None) -> None:
@@ -252,6 +258,7 @@ class Node:
         return WorkerStep(t.kind, t.state_id, dirty=state.dirty)
 
     def _book(self, steps: list[Transition], reply: WorkerReply, request: Request, device: int, start: float) -> None:
+        self._check_incarnation(device, reply.incarnation, {t.state_id for t in steps} | {request.state_id})
         for t, seconds in zip(steps, reply.steps_s):
             moved = t.bytes if t.kind is TransitionKind.LOAD or self.sm.states[t.state_id].dirty else 0
             self.sm.record(t, request.job, seconds, start, moved)
@@ -264,6 +271,23 @@ class Node:
             write = Transition(TransitionKind.MATERIALIZE, request.state_id, state.device_bytes)
             self.telemetry.transition(write, request.job, state.device_bytes, reply.writeback_s, self.node,
                                       self.telemetry.now())
+
+    def _check_incarnation(self, device: int, incarnation: str, loaded_now: set[str]) -> None:
+        """A reply from a new worker process (the old one died between calls): whatever the node
+        thought resident there, apart from what this call loaded, is gone: back to host copies."""
+        known = self._incarnations.setdefault(device, incarnation)
+        if known == incarnation:
+            return
+        self._incarnations[device] = incarnation
+        with self.changed:
+            gone = [s for s in self.sm.states.values()
+                    if s.tier is Tier.DEVICE and s.device == device and s.state_id not in loaded_now]
+            for state in gone:
+                self.sm.forget_device_copy(state)
+        self.recovery["worker_restarts"] += 1
+        self.recovery["restored_states"] += len(gone)
+        self.telemetry.events.emit(self.telemetry.now(), "worker_restarted", node=self.node, device=device,
+                                   restored=[s.state_id for s in gone], found="idle")
 
     # -- a worker that died ------------------------------------------------------------------------
     def _worker_died(self, device: int, request: Request, dispatched: float, exc: BaseException) -> errors.PlexRLError:
@@ -281,6 +305,7 @@ class Node:
                                    restored=restored, lost_work_s=lost_s, cause=type(exc).__name__,
                                    torn=[request.state_id] if torn else [])
         self._await_restart(device)
+        self._incarnations.pop(device, None)  # counted here: the new process's first reply is not news
         if torn:
             return errors.StateLost(self._torn_message(request.state_id, f"died while writing back {request.fn}'s result"))
         return errors.WorkerFailed(
