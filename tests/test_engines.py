@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -168,22 +169,37 @@ def test_worker_death_fails_the_call_and_the_job_continues(cluster, tiny_model):
     assert any(e["event"] == "worker_failed" and e["job"] == "crash" for e in cluster.events())
 
 
+def set_failpoint(cluster, point) -> None:
+    """`fail_at(point)` on every worker; one that died may still be restarting (callers hear of a
+    death at once, before the new process is up): wait for it."""
+    from plexrl.runtime import remote
+
+    for worker in cluster.workers.values():
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                remote.get(worker.fail_at.remote(point), TIMEOUT_S)
+                break
+            except Exception as exc:
+                if not remote.is_gone(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
 def test_a_torn_write_back_loses_the_state_until_it_is_restored(cluster, tiny_model):
     """A worker that dies halfway through writing a state's host copy back leaves that copy torn:
     the runtime must not restore from it. The model fails with StateLost until a checkpoint is
     loaded, then carries on from the checkpoint."""
-    from plexrl.runtime import remote
-
     needs_worker_processes(cluster)
     trainer = cluster.service_client(job="torn").create_training_client(base_model=tiny_model, seed=0)
     trainer.forward_backward([datum([5, 6, 7, 8])])
     trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
     saved = trainer.save_state("before-tear").result(TIMEOUT_S)
     checkpointed = cluster.fetch_weights(trainer.state)
-    remote.get([w.fail_at.remote("writeback") for w in cluster.workers.values()])
+    set_failpoint(cluster, "writeback")
     with pytest.raises(errors.StateLost, match="half written"):
         trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
-    remote.get([w.fail_at.remote(None) for w in cluster.workers.values()])
+    set_failpoint(cluster, None)
     with pytest.raises(errors.StateLost, match="restore it from a checkpoint"):
         trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
     trainer.load_state_with_optimizer(saved.path).result(TIMEOUT_S)

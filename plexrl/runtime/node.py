@@ -83,6 +83,7 @@ class Node:
                                     self._step_on_node)
         self.recovery = {"worker_restarts": 0, "restored_states": 0, "lost_work_s": 0.0}
         self._incarnations: dict[int, str] = {}  # device -> the worker process last heard from
+        self._restarting: set[int] = set()  # devices whose dispatcher must wait for their new worker
         self._samplers: dict[tuple[str, str], str] = {}
         self._versions: dict[tuple[str, str], int] = {}
         self._order = threading.Lock()
@@ -186,6 +187,8 @@ class Node:
             died = remote.is_gone(exc) or isinstance(exc, NotResident)
             error = self._worker_died(device, request, dispatched, exc) if died else exc
         self._finish(request, plan, device, result, error, timing)
+        if device in self._restarting:
+            self._await_restart(device)  # the caller knows already: it may retry on another device
 
     def _step_on_node(self, request: Request, plan: LoadPlan) -> None:
         """A node function, on the host copy (the group scheduler claimed the state)."""
@@ -304,8 +307,7 @@ class Node:
                                    request_id=request.id, job=request.job, model=request.state_id,
                                    restored=restored, lost_work_s=lost_s, cause=type(exc).__name__,
                                    torn=[request.state_id] if torn else [])
-        self._await_restart(device)
-        self._incarnations.pop(device, None)  # counted here: the new process's first reply is not news
+        self._restarting.add(device)
         if torn:
             return errors.StateLost(self._torn_message(request.state_id, f"died while writing back {request.fn}'s result"))
         return errors.WorkerFailed(
@@ -325,6 +327,8 @@ class Node:
             try:
                 remote.get(self.workers[device].ping.remote(), timeout=RESTART_TIMEOUT_S)
                 self.telemetry.events.emit(self.telemetry.now(), "worker_restarted", node=self.node, device=device)
+                self._incarnations.pop(device, None)  # counted at the death: the new process's first reply is not news
+                self._restarting.discard(device)
                 return
             except Exception as exc:
                 if not remote.is_gone(exc):
