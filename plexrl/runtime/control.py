@@ -18,7 +18,6 @@ import enum
 import threading
 from dataclasses import dataclass
 
-from plexrl.api import errors
 from plexrl.policy import JobProfile, ResourceView
 from plexrl.runtime.events import EventLog, job_events
 from plexrl.runtime.job_placer import JobPlacer, admit_and_route, route_migration

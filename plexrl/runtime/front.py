@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexrl.api import errors
+from plexrl.api import errors, validation
 from plexrl.api.cluster import StateHandle, check_name
 from plexrl.api.futures import APIFuture
 from plexrl.api.types import SaveStateResponse
@@ -327,9 +327,9 @@ class Front(NodeRecovery):
         return self._configs[source]
 
     def checkpoint_path(self, state: StateHandle, name: str) -> Path:
-        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-            raise errors.InvalidInput(f"checkpoint name {name!r}; expected a plain non-empty name")
-        return self.checkpoint_dir / state.job / state.name.replace("/", "_") / name
+        """CHECKPOINT_DIR/job/model/name (job and model names follow api.cluster.check_name)."""
+        validation.check_checkpoint_name(name)
+        return self.checkpoint_dir / state.job / state.name / name
 
     # -- step marks, re-placement, migration --------------------------------------------------------
     def report_step(self, job: str, step: int, **fields) -> None:

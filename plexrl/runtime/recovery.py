@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 
 from plexrl.api import errors
 from plexrl.policy import ModelMemory
