@@ -13,6 +13,7 @@ it as data; the node itself carries out what spans states (`sync_weights`, see n
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -41,8 +42,24 @@ class Function:
 
 
 def _sample(s: ModelState, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs):
+    strings = params.stop is not None and any(isinstance(stop, str) for stop in params.stop)
     return execution.sample(s.module, tokens, num_samples, params, seed=seed, stop_token_ids=stop_ids,
-                            include_prompt_logprobs=include_prompt_logprobs)
+                            include_prompt_logprobs=include_prompt_logprobs,
+                            decode=decoder(s.source) if strings else None)
+
+
+@functools.lru_cache(maxsize=16)
+def decoder(source: str) -> Callable[[list[int]], str]:
+    """The model folder's tokenizer's `decode`, which stop strings are matched against."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as exc:  # transformers raises many kinds; the user needs one clear message
+        raise errors.InvalidInput(
+            f"stop strings need the model's tokenizer, and {source!r} has none that AutoTokenizer loads "
+            f"({type(exc).__name__}: {exc}); give stop token ids instead") from exc
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _forward_backward(s: ModelState, data, loss_fn, loss_fn_config, backward):
