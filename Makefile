@@ -12,12 +12,15 @@ export TOKENIZERS_PARALLELISM := false
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first: the CPU wheel pinned here; any other version pulls a multi-GB CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# The Tinker cookbook (its math_rl recipe runs against `plexrl serve` in the tests) without its
+	# declared deps: tml-renderers is not in the registry; what the recipe needs is in [dev].
+	$(BIN)/python -m pip install --quiet --no-deps tinker-cookbook==0.6.1
 	touch $(STAMP)
 
 demo: install
