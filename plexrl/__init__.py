@@ -8,6 +8,7 @@ from plexrl.types import (
     EncodedTextChunk,
     ForwardBackwardOutput,
     LoadStateResponse,
+    LoraConfig,
     ModelInput,
     OptimStepResponse,
     SampledSequence,
@@ -18,7 +19,7 @@ from plexrl.types import (
 )
 
 __all__ = [
-    "AdamParams", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "LoadStateResponse", "LocalCluster",
+    "AdamParams", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "LoadStateResponse", "LocalCluster", "LoraConfig",
     "ModelInput", "ProcessCluster", "OptimStepResponse", "RayCluster", "SampleResponse", "SampledSequence", "SamplingClient",
     "SamplingParams", "SaveStateResponse", "ServiceClient", "TensorData", "TrainingClient", "errors",
 ]

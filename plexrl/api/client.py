@@ -25,11 +25,13 @@ from plexrl.api.types import (
     Datum,
     ForwardBackwardOutput,
     LoadStateResponse,
+    LoraConfig,
     ModelInput,
     OptimStepResponse,
     SampleResponse,
     SamplingParams,
     SaveStateResponse,
+    is_integer,
 )
 
 LossFn = str | Callable
@@ -52,6 +54,22 @@ class ServiceClient:
         validation.check_seed(seed)
         state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout,
                                        owner=self.owner)
+        return TrainingClient(self.cluster, state, seed)
+
+    def create_lora_training_client(self, base_model: str | Path, rank: int, seed: int = 0, name: str = "policy",
+                                    train_mlp: bool = True, train_attn: bool = True,
+                                    train_unembed: bool = False) -> "TrainingClient":
+        """A trainable LoRA adapter (LoraConfig) over `base_model`, whose frozen weights are shared
+        with every other LoRA model of that base on its node; `seed` draws the adapter's initial
+        weights and the client's default sampling seeds. `rank=0`: a full-parameter model
+        (create_training_client)."""
+        validation.check_seed(seed)
+        if is_integer(rank) and rank == 0:
+            return self.create_training_client(base_model, seed, name)
+        lora = LoraConfig(rank, seed, train_mlp, train_attn, train_unembed)
+        lora.validate()
+        state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout,
+                                       owner=self.owner, lora=lora.plain())
         return TrainingClient(self.cluster, state, seed)
 
     def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0) -> "SamplingClient":

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from plexrl.api import errors
 from plexrl.api.futures import APIFuture
+from plexrl.api.types import LoraConfig
 
 NAME_RULE = ("1 to 128 letters, digits and '.', '_', ':', '-', starting with a letter or digit "
              "(no '/', no '..': a name is part of state ids and checkpoint paths)")
@@ -36,8 +37,14 @@ class StateHandle:
     name: str
     source: str  # the base model folder it was loaded from
     trainable: bool
-    device_bytes: int
+    device_bytes: int  # the state's own bytes: a LoRA state's adapter only (its shared base is the node's)
     host_bytes: int
+    lora: LoraConfig | None = None  # None: a full-parameter model
+
+    @property
+    def lora_rank(self) -> int:
+        """The adapter's rank; 0 for a full-parameter model."""
+        return 0 if self.lora is None else self.lora.rank
 
     @property
     def is_snapshot(self) -> bool:
@@ -51,8 +58,11 @@ class Cluster(Protocol):
     error reaches the caller through the returned future."""
 
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool, slack: float = 0.10,
-                  admission_timeout: float | None = None, owner: int | None = None) -> StateHandle:
-        """`owner`: the service client's number (`service_client` gives it), whose close frees it."""
+                  admission_timeout: float | None = None, owner: int | None = None,
+                  lora: LoraConfig | None = None) -> StateHandle:
+        """`owner`: the service client's number (`service_client` gives it), whose close frees it.
+        `lora`: a LoRA adapter over `base_model`, whose frozen weights the cluster shares between
+        every LoRA state of that base (None: a full-parameter model)."""
         ...
 
     def submit(self, state: StateHandle, fn: str, payload: dict[str, Any] | None) -> APIFuture: ...

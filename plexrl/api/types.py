@@ -225,6 +225,63 @@ class AdamParams:
                             ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm")))
 
 
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """A LoRA adapter over a base model's linear layers (peft's LoRA, Llama module names).
+
+    `rank` >= 1 is the adapter's rank; `alpha` its scale numerator (peft's `lora_alpha`), None
+    meaning 2 * rank, so the update is scaled by alpha / rank = 2 whatever the rank. Initial
+    weights come from `seed` only (A random, B zero: a fresh adapter computes the base exactly).
+    `train_attn` adapts q/k/v/o_proj, `train_mlp` gate/up/down_proj, `train_unembed` lm_head;
+    at least one must be on.
+    """
+
+    rank: int
+    seed: int = 0
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = False
+    alpha: float | None = None
+
+    def validate(self) -> None:
+        """InvalidInput naming every field of the wrong type or out of range."""
+        checks = [
+            ("rank", is_integer(self.rank) and self.rank >= 1, "an integer >= 1 (0 means a full-parameter model, "
+                                                               "which create_lora_training_client makes itself)"),
+            ("seed", is_integer(self.seed), "an integer"),
+            ("alpha", self.alpha is None or (is_finite_number(self.alpha) and self.alpha > 0),
+             "None (2 * rank) or a finite number > 0"),
+        ]
+        checks += [(flag, isinstance(getattr(self, flag), (bool, np.bool_)), "True or False")
+                   for flag in ("train_mlp", "train_attn", "train_unembed")]
+        problems = [f"{name}={shown(getattr(self, name))} (expected {expected})" for name, ok, expected in checks if not ok]
+        if problems:
+            raise errors.InvalidInput("bad LoRA config: " + "; ".join(problems))
+        if not self.target_modules:
+            raise errors.InvalidInput("bad LoRA config: train_mlp, train_attn and train_unembed are all False, so "
+                                      "the adapter would train nothing; expected at least one of them True")
+
+    @property
+    def target_modules(self) -> tuple[str, ...]:
+        """The names of the linear layers the adapter wraps (Llama's)."""
+        return ((ATTENTION_MODULES if self.train_attn else ()) + (MLP_MODULES if self.train_mlp else ())
+                + (UNEMBED_MODULES if self.train_unembed else ()))
+
+    @property
+    def lora_alpha(self) -> float:
+        return float(2 * self.rank if self.alpha is None else self.alpha)
+
+    def plain(self) -> "LoraConfig":
+        """This (valid) config with Python ints, floats and bools."""
+        return LoraConfig(int(self.rank), int(self.seed), bool(self.train_mlp), bool(self.train_attn),
+                          bool(self.train_unembed), None if self.alpha is None else float(self.alpha))
+
+
 StopReason = Literal["length", "stop"]
 
 
@@ -263,4 +320,4 @@ class SaveStateResponse:
 class LoadStateResponse:
     path: str
 
-__all__ = ["AdamParams", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "LoadStateResponse", "ModelInput", "OptimStepResponse", "SampleResponse", "SampledSequence", "SamplingParams", "SaveStateResponse", "StopReason", "TensorData"]
+__all__ = ["AdamParams", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "LoadStateResponse", "LoraConfig", "ModelInput", "OptimStepResponse", "SampleResponse", "SampledSequence", "SamplingParams", "SaveStateResponse", "StopReason", "TensorData"]
