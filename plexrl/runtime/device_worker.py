@@ -7,6 +7,11 @@ run, a module skeleton (runtime.state.ModelState) whose parameters it binds to t
 region, so the backend functions run unchanged. Decisions are not made here: each call arrives
 with its steps (`WorkerStep`) and leaves with a `WorkerReply`.
 
+LoRA states (runtime/lora.py) share this worker's template of their source as their frozen base:
+one copy per worker and source, on the worker's torch device, whatever the number of tenants;
+only their adapters live in the arena. (On CUDA that base sits outside the arena: the node's
+budget leaves its bytes of the arena unused, state_manager.py.)
+
 Invariants:
 - the arena is the only device memory a state uses; host copies live in the node's shared
   buffers (host_buffers.py), never in this worker alone;
@@ -25,8 +30,9 @@ from typing import Any
 
 import torch
 
+from plexrl.api.types import LoraConfig
 from plexrl.policy import Tier, TransitionKind
-from plexrl.runtime import functions
+from plexrl.runtime import functions, lora
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.host_buffers import map_buffer, map_flags
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
@@ -46,6 +52,7 @@ class StateSpec:
     name: str
     source: str
     trainable: bool
+    lora: LoraConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -224,11 +231,20 @@ class DeviceWorker:
             self._templates[source] = load_module(source)
         return self._templates[source]
 
+    def _base(self, source: str) -> torch.nn.Module:
+        """The template of `source` as LoRA states' shared frozen base, on this worker's device."""
+        template, device = self._template(source), torch.device(self.arena.torch_device)
+        if next(template.parameters()).device != device:
+            template.to(device)
+        return lora.frozen(template)
+
     def _state(self, spec: StateSpec) -> ModelState:
         with self._lock:
             state = self.states.get(spec.state_id)
             if state is None:
-                module = skeleton_like(self._template(spec.source))
-                state = ModelState(spec.state_id, spec.job, spec.name, module, spec.trainable, spec.source)
+                module = (skeleton_like(self._template(spec.source)) if spec.lora is None
+                          else lora.lora_module(self._base(spec.source), spec.lora))
+                state = ModelState(spec.state_id, spec.job, spec.name, module, spec.trainable, spec.source,
+                                   lora=spec.lora)
                 self.states[spec.state_id] = state
             return state

@@ -34,7 +34,7 @@ import numpy as np
 from plexrl.api import errors, validation
 from plexrl.api.cluster import StateHandle, check_name
 from plexrl.api.futures import APIFuture
-from plexrl.api.types import SaveStateResponse
+from plexrl.api.types import LoraConfig, SaveStateResponse
 from plexrl.policy import JobProfile, ModelMemory
 from plexrl.runtime import functions, remote
 from plexrl.runtime.config import ClusterConfig
@@ -107,6 +107,7 @@ class Front(NodeRecovery):
         self._routes: dict[str, int] = {}
         self._samplers: dict[tuple[str, str], str] = {}
         self._configs: dict[str, object] = {}
+        self._base_sizes: dict[str, int] = {}
         self._seq: dict[tuple[str, int], int] = defaultdict(int)  # (model, group) -> next call number
         self._lost_seen: set[int] = set()  # lost groups this front has heard of
         self._bookkeeping = ThreadPoolExecutor(2, thread_name_prefix=f"plexrl-front{self.front}")
@@ -180,20 +181,26 @@ class Front(NodeRecovery):
 
     # -- what clients call -------------------------------------------------------------------------
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
-                  slack: float = 0.10, admission_timeout: float | None = None, owner: int | None = None) -> StateHandle:
+                  slack: float = 0.10, admission_timeout: float | None = None, owner: int | None = None,
+                  lora: LoraConfig | None = None) -> StateHandle:
         check_name("job", job)
         check_name("model name", name)
         self._check_open()
+        if lora is not None:
+            if not isinstance(lora, LoraConfig):
+                raise errors.InvalidInput(f"lora={lora!r}; expected None or a plexrl.LoraConfig")
+            lora.validate()
+            lora = lora.plain()
         source = str(base_model)
         config = self._config(source)
         group = self._ask("placement", job)
         if group is None:
-            nbytes = _state_bytes(config, trainable)
+            nbytes, shared = _state_bytes(config, trainable, lora)
             check_budgets(name, job, trainable, nbytes, nbytes, self.config.device_memory_bytes,
-                          self.config.host_memory_bytes)
-            memory = [ModelMemory(name, nbytes, nbytes)]
+                          self.config.host_memory_bytes, shared)
+            memory = model_memory(name, source, nbytes, nbytes, shared)
             group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout)
-        handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable)))
+        handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable, lora)))
         if owner is not None:
             self._ask("own", job, owner, handle.state_id)
         return self._bind(handle, group)
@@ -300,6 +307,17 @@ class Front(NodeRecovery):
             return
         future.set_result(result)
 
+    def _memory(self, handles: list[StateHandle]) -> list[ModelMemory]:
+        """What the placer counts of these models: each one's own bytes, a LoRA base's once per node."""
+        return [m for h in handles for m in model_memory(h.name, h.source, h.device_bytes, h.host_bytes,
+                                                         self._base_bytes(h.source) if h.lora else 0)]
+
+    def _base_bytes(self, source: str) -> int:
+        """Float32 bytes of `source`'s weights (a LoRA base), from its config."""
+        if source not in self._base_sizes:
+            self._base_sizes[source] = _state_bytes(self._config(source), False)[0]
+        return self._base_sizes[source]
+
     def fetch_weights(self, state: StateHandle) -> np.ndarray:
         """A copy of a state's current weights (flat float32), read from its host copy."""
         return self.submit(state, "read_weights", None).result()
@@ -342,8 +360,7 @@ class Front(NodeRecovery):
     def _replace(self, job: str, profile_due: bool) -> None:
         """Re-placement from the job's measured profile (every `profile_steps` steps): when the
         placer moves it, the job migrates here, between its steps, and resumes on its new phase."""
-        models = [ModelMemory(h.name, h.device_bytes, h.host_bytes)
-                  for h in list(self._handles.values()) if h.job == job and not h.is_snapshot]
+        models = self._memory([h for h in list(self._handles.values()) if h.job == job and not h.is_snapshot])
         events = self.events(job) if profile_due else None
         decided = self._ask("on_step", job, models, events)
         if decided is None:
@@ -513,15 +530,29 @@ def _resolve_device(torch_device: str) -> str:
     return "cpu"
 
 
-def _state_bytes(config, trainable: bool) -> int:
-    """Float32 bytes of a state before it is loaded: a provisional estimate for admission
-    (the node measures the real size; the placer's profile is replaced by measured ones later)."""
+def _state_bytes(config, trainable: bool, lora: LoraConfig | None = None) -> tuple[int, int]:
+    """Float32 bytes of a state before it is loaded, and of the shared base it stands on (a LoRA
+    state's; else 0): a provisional estimate for admission (the node measures the real size; the
+    placer's profile is replaced by measured ones later)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from plexrl.runtime.lora import adapter_numel
+
     with torch.device("meta"):
         numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    return numel * 4 * (4 if trainable else 1)
+    if lora is None:
+        return numel * 4 * (4 if trainable else 1), 0
+    return adapter_numel(config, lora) * 4 * (4 if trainable else 1), numel * 4
+
+
+def model_memory(name: str, source: str, device_bytes: int, host_bytes: int, shared_bytes: int) -> list[ModelMemory]:
+    """A model as the placer counts it: its own bytes and, for a LoRA model, its frozen base as a
+    shared model (one copy per node whatever the number of jobs using it; resident next to it)."""
+    if not shared_bytes:
+        return [ModelMemory(name, device_bytes, host_bytes)]
+    return [ModelMemory(name, device_bytes + shared_bytes, host_bytes),
+            ModelMemory(f"{name}:base", shared_bytes, shared_bytes, shared=f"lora-base:{source}")]
 
 
 def _load_config(source: str):

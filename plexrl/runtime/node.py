@@ -12,6 +12,10 @@ errors.WorkerFailed (retriable: nothing is retried behind the caller's back, bec
 caller knows whether repeating it is right), every state that was resident on the device falls
 back to its host copy, the host restarts the worker, and the next request loads them again.
 
+LoRA states (runtime/lora.py): the node keeps one frozen base module per source (`_bases`), on
+which every LoRA state of that source and its sampler snapshots build their modules; their host
+copies hold only their adapters. The StateManager counts each base once (state_manager.py).
+
 Calls arrive as `Call`s numbered per (front, model); they enter the group's queue in that order
 whatever order the transport delivers them in (calls of one model from one front run in order).
 """
@@ -27,8 +31,9 @@ from typing import Any
 from plexrl.api import errors
 from plexrl.api.cluster import StateHandle
 from plexrl.api.futures import APIFuture
+from plexrl.api.types import LoraConfig
 from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
-from plexrl.runtime import functions, remote
+from plexrl.runtime import functions, lora, remote
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.device_worker import NotResident, StateSpec, WorkerReply, WorkerStep
 from plexrl.runtime.events import EventLog, job_events
@@ -85,6 +90,8 @@ class Node:
         self._incarnations: dict[int, str] = {}  # device -> the worker process last heard from
         self._restarting: set[int] = set()  # devices whose dispatcher must wait for their new worker
         self._samplers: dict[tuple[str, str], str] = {}
+        self._bases: dict[str, object] = {}  # source -> the frozen base module its LoRA states share
+        self._bases_lock = threading.Lock()
         self._versions: dict[tuple[str, str], int] = {}
         self._order = threading.Lock()
         self._next_seq: dict[tuple[int, str], int] = {}
@@ -95,9 +102,11 @@ class Node:
             thread.start()
 
     # -- states ---------------------------------------------------------------------------------
-    def add_model(self, job: str, name: str, source: str, trainable: bool) -> StateHandle:
+    def add_model(self, job: str, name: str, source: str, trainable: bool,
+                  lora_config: LoraConfig | None = None) -> StateHandle:
         prepared = [worker.prepare.remote(source) for worker in self.workers.values()]  # meanwhile, there
-        state = ModelState(f"{job}/{name}", job, name, load_module(source), trainable, source)
+        module = load_module(source) if lora_config is None else self._lora_module(source, lora_config)
+        state = ModelState(f"{job}/{name}", job, name, module, trainable, source, lora=lora_config)
         self.sm.add(state, self.group.pending)
         for ref in prepared:  # every worker of the node can run the model from its first call on
             try:
@@ -106,6 +115,13 @@ class Node:
                 if not remote.is_gone(exc):
                     raise
         return _handle(state)
+
+    def _lora_module(self, source: str, lora_config: LoraConfig):
+        """A LoRA module over this node's one frozen base of `source` (loaded on first use)."""
+        with self._bases_lock:
+            if source not in self._bases:
+                self._bases[source] = lora.frozen(load_module(source))
+        return lora.lora_module(self._bases[source], lora_config)
 
     def remove_job(self, job: str, states: list[str] | None = None) -> None:
         """Free every state of `job` (only `states`, when given) once its queued calls are done."""
@@ -121,7 +137,11 @@ class Node:
             worker.drop.remote(state_id)  # not waited for: a worker runs its calls in order
 
     def _remove(self, state_id: str) -> None:
+        source = self.sm.states[state_id].source
         self.sm.remove(state_id)
+        with self._bases_lock:  # the last LoRA state of a base lets the node's copy go
+            if not any(s.lora is not None and s.source == source for s in list(self.sm.states.values())):
+                self._bases.pop(source, None)
         for worker in self.workers.values():
             worker.forget.remote(state_id)
 
@@ -255,7 +275,7 @@ class Node:
     def _worker_step(self, t: Transition) -> WorkerStep:
         state = self.sm.states[t.state_id]
         if t.kind is TransitionKind.LOAD:
-            spec = StateSpec(state.state_id, state.job, state.name, state.source, state.trainable)
+            spec = StateSpec(state.state_id, state.job, state.name, state.source, state.trainable, state.lora)
             return WorkerStep(t.kind, t.state_id, spec, str(self.buffers.path_of(state.host)), t.offset,
                               state.adam_step)
         return WorkerStep(t.kind, t.state_id, dirty=state.dirty)
@@ -358,8 +378,10 @@ class Node:
                 self.changed.notify_all()
             return Synced(_handle(snapshot), name)
         version = self._versions[key] = self._versions.get(key, 0) + 1
+        module = (skeleton_like(trainer.module) if trainer.lora is None
+                  else self._lora_module(trainer.source, trainer.lora))  # a snapshot of an adapter is an adapter
         fresh = ModelState(f"{trainer.state_id}@{name}.v{version}", trainer.job, f"{trainer.name}@{name}",
-                           skeleton_like(trainer.module), False, trainer.source)
+                           module, False, trainer.source, lora=trainer.lora)
         self.sm.add(fresh, self.group.pending, initial=weights, holding=frozenset({trainer.state_id}))
         self._samplers[key] = fresh.state_id
         if snapshot is not None:
@@ -401,4 +423,4 @@ class Node:
 
 def _handle(state: ModelState) -> StateHandle:
     return StateHandle(state.state_id, state.job, state.name, state.source, state.trainable, state.device_bytes,
-                       state.host_bytes)
+                       state.host_bytes, state.lora)

@@ -30,7 +30,6 @@ import shutil
 import time
 
 from plexrl.api import errors
-from plexrl.policy import ModelMemory
 from plexrl.runtime import remote
 from plexrl.runtime.control import Checkpoint, Recovery
 from plexrl.runtime.job_placer import provisional_profile
@@ -105,7 +104,7 @@ class NodeRecovery:
     def _restore_job(self, job: str, lost_at: float) -> None:
         inputs = self._ask("restore_inputs", job)
         models = [h for h in inputs["handles"] if not h.is_snapshot]
-        memory = [ModelMemory(h.name, h.device_bytes, h.host_bytes) for h in models]
+        memory = self._memory(models)
         group = self._admit(provisional_profile(job, memory, self.slot_s), 0.10, True, None)
         restored = self._reinstate(job, group, inputs)
         from_base = len(models) - len(restored)
@@ -128,7 +127,7 @@ class NodeRecovery:
                 self._ask("unbind", h.state_id)
         restored = {}
         for h in models:
-            remote.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable))
+            remote.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable, h.lora))
             self._bind(h, group)
             checkpoint = inputs["checkpoints"].get(h.state_id)
             if checkpoint is not None and h.trainable:

@@ -3,6 +3,9 @@
 Layout of a trainable state, in float32 elements (N = number of parameters):
     [0, N) weights | [N, 2N) gradients | [2N, 3N) Adam exp_avg | [3N, 4N) Adam exp_avg_sq
 A weights-only state (sampling snapshots, frozen reference/teacher models) has just [0, N).
+A LoRA state (`lora` set, runtime/lora.py) has the same layout over its adapter's parameters only:
+its base weights are a frozen module it shares with every LoRA state of that base, not its memory
+(`shared_bytes` says how large that base is, for the budgets that must count it once).
 
 The module's parameters (and gradients) are always *views* into whichever copy is authoritative:
 the device arena region while DEVICE-resident, the persistent host buffer otherwise. Moving a
@@ -19,6 +22,7 @@ from pathlib import Path
 import torch
 
 from plexrl.api import errors
+from plexrl.api.types import LoraConfig
 from plexrl.policy import Tier
 
 FLOAT_BYTES = 4
@@ -47,11 +51,15 @@ class ModelState:
     spill_path: Path | None = None
     _resident: torch.Tensor | None = field(default=None, repr=False)  # arena region while DEVICE
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lora: LoraConfig | None = None  # a LoRA adapter over a shared frozen base; None: full-parameter
+    shared_bytes: int = field(init=False)  # float32 bytes of the shared base it stands on (0 if none)
 
     def __post_init__(self) -> None:
-        self.params = list(self.module.parameters())  # unique: tied weights appear once
+        params = list(self.module.parameters())  # unique: tied weights appear once
+        self.params = [p for p in params if p.requires_grad] if self.lora is not None else params
         self.shapes = [p.shape for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
+        self.shared_bytes = (sum(p.numel() for p in params) - self.numel) * FLOAT_BYTES if self.lora else 0
 
     @property
     def device_bytes(self) -> int:

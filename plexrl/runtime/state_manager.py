@@ -6,6 +6,12 @@ Invariants (tests/test_runtime_invariants.py):
 - a state is moved only while claimed (`busy`) by the one thread moving it;
 - every transition is timed and recorded (event log, ledger, bandwidth estimate).
 
+Shared LoRA bases: a LoRA state's own bytes are its adapter's; the frozen base it stands on is one
+copy per device (a worker's template) and one per node (the node's own), whatever the number of
+LoRA states of that base. While a node holds any LoRA state of a base, that base's bytes are
+taken off every device's budget and off the host budget, once (`shared_bytes`): the planner
+never hands those arena bytes out, so admission and switching stay honest.
+
 Decisions (what to move) come from `plexrl.policy.transitions`; this module applies them.
 All bookkeeping happens under `lock`, which the node's group scheduler shares (the node makes it).
 Host-side transitions (spill, restore) run here, under the lock, so that two planners never count
@@ -92,11 +98,17 @@ class StateManager:
         )
 
     def view(self, pending: Pending) -> ResidencyView:
+        shared = self.shared_bytes()
         return ResidencyView(
             states={sid: self.info(s, pending) for sid, s in self.states.items()},
-            device_capacity={d: a.capacity_bytes for d, a in self.arenas.items()},
-            host_capacity=self.host_capacity,
+            device_capacity={d: a.capacity_bytes - shared for d, a in self.arenas.items()},
+            host_capacity=self.host_capacity - shared,
         )
+
+    def shared_bytes(self, adding: ModelState | None = None) -> int:
+        """Bytes of the shared LoRA bases the node's states stand on (and `adding`'s), each counted once."""
+        states = [*self.states.values(), *([adding] if adding is not None else [])]
+        return sum({s.source: s.shared_bytes for s in states if s.lora is not None}.values())
 
     def resident_bytes(self, device: int) -> int:
         return sum(s.device_bytes for s in self.states.values() if s.tier is Tier.DEVICE and s.device == device)
@@ -111,10 +123,11 @@ class StateManager:
         with self.lock:
             if state.state_id in self.states:
                 raise errors.InvalidInput(f"a model named {state.name!r} already exists in job {state.job!r}")
-            room = plan_host_room(self.view(pending), state.host_bytes)
+            need = state.host_bytes + self.shared_bytes(state) - self.shared_bytes()  # a new base takes host room too
+            room = plan_host_room(self.view(pending), need)
             while isinstance(room, NoFit) and any(s.busy and s.state_id not in holding for s in self.states.values()):
                 self.changed.wait(0.05)  # states in use now free their host buffers when released
-                room = plan_host_room(self.view(pending), state.host_bytes)
+                room = plan_host_room(self.view(pending), need)
             if isinstance(room, NoFit):
                 raise errors.StateTooLarge(f"cannot add model {state.name!r} of job {state.job!r}: {room.reason}")
             for t in room:
@@ -130,14 +143,33 @@ class StateManager:
             state.tier = Tier.HOST
             state.bind(host)
             self.states[state.state_id] = state
+            self._make_room_for_shared()
             self.telemetry.events.emit(self.telemetry.now(), "state_added", state=state.state_id, job=state.job,
                                        node=self.node, host_bytes=state.host_bytes, device_bytes=state.device_bytes)
 
     def check_fits(self, state: ModelState) -> None:
-        """StateTooLarge unless the state fits this node's budgets when nothing else is there."""
+        """StateTooLarge unless the state fits this node's budgets when nothing but the shared
+        bases (its own included) is there."""
         smallest = min(a.capacity_bytes for a in self.arenas.values())
+        shared = self.shared_bytes(state)
         check_budgets(state.name, state.job, state.trainable, state.device_bytes, state.host_bytes, smallest,
-                      self.host_capacity)
+                      self.host_capacity, shared)
+        largest = max(self.states.values(), key=lambda s: s.device_bytes, default=None)
+        if largest is not None and shared > self.shared_bytes() and largest.device_bytes + shared > smallest:
+            raise errors.StateTooLarge(
+                f"cannot add LoRA model {state.name!r} of job {state.job!r}: its base's {state.shared_bytes:,} bytes "
+                f"would leave a device budget of {smallest - shared:,} bytes, too small for model {largest.name!r} of "
+                f"job {largest.job!r} ({largest.device_bytes:,} bytes); expected device_memory_bytes >= "
+                f"{largest.device_bytes + shared:,}")
+
+    def _make_room_for_shared(self) -> None:
+        """A base just taken off the budgets: idle states resident beyond the smaller device budget
+        drop their device copies (write-through keeps their host copies current; they load again
+        below the line: check_fits made sure every state still fits it)."""
+        shared = self.shared_bytes()
+        for s in self.states.values():
+            if s.tier is Tier.DEVICE and not s.busy and s.offset + s.device_bytes > self.arenas[s.device].capacity_bytes - shared:
+                self.forget_device_copy(s)
 
     def remove(self, state_id: str) -> None:
         with self.lock:
@@ -289,16 +321,21 @@ class StateManager:
 
 
 def check_budgets(name: str, job: str, trainable: bool, device_bytes: int, host_bytes: int, device_budget: int,
-                  host_budget: int) -> None:
-    """StateTooLarge unless a state of these sizes fits the budgets when nothing else is there."""
-    if device_bytes > device_budget:
+                  host_budget: int, shared_bytes: int = 0) -> None:
+    """StateTooLarge unless a state of these sizes fits the budgets when nothing else is there
+    but `shared_bytes` of shared LoRA bases (counted once on each budget)."""
+    what = "weights, gradients and Adam moments" if trainable else "weights"
+    if shared_bytes:
+        what = f"adapter {what}, float32, next to {shared_bytes:,} bytes of shared frozen base weights"
+    else:
+        what += ", float32"
+    if device_bytes + shared_bytes > device_budget:
         raise errors.StateTooLarge(
-            f"model {name!r} of job {job!r} needs {device_bytes:,} device bytes "
-            f"({'weights, gradients and Adam moments' if trainable else 'weights'}, float32) but a "
-            f"device budget is {device_budget:,} bytes; expected device_memory_bytes >= {device_bytes:,}"
+            f"model {name!r} of job {job!r} needs {device_bytes + shared_bytes:,} device bytes ({what}) but a "
+            f"device budget is {device_budget:,} bytes; expected device_memory_bytes >= {device_bytes + shared_bytes:,}"
         )
-    if host_bytes > host_budget:
+    if host_bytes + shared_bytes > host_budget:
         raise errors.StateTooLarge(
-            f"model {name!r} of job {job!r} needs {host_bytes:,} host bytes but the "
-            f"node's host budget is {host_budget:,}; expected host_memory_bytes >= {host_bytes:,}"
+            f"model {name!r} of job {job!r} needs {host_bytes + shared_bytes:,} host bytes but the "
+            f"node's host budget is {host_budget:,}; expected host_memory_bytes >= {host_bytes + shared_bytes:,}"
         )
