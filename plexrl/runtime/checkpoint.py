@@ -4,6 +4,10 @@
 as the optimizer state, so the moments never leave the state's memory (arena or host buffer).
 A saved state is a Hugging Face model folder (`AutoModelForCausalLM.from_pretrained` loads it,
 and so does `create_training_client(base_model=...)`) plus `optimizer.safetensors` with the moments.
+A saved LoRA state is peft's adapter folder (`adapter_model.safetensors` + `adapter_config.json`:
+`PeftModel.from_pretrained(base, folder)` loads it) plus the same `optimizer.safetensors` over
+the adapter's parameters; its base is not copied (the config names it). A LoRA checkpoint loads
+only into a LoRA state of the same shapes, a full one only into a full state.
 
 A checkpoint folder is complete or absent: it is written beside its final name and renamed into
 place, so a writer that dies midway (a lost node) leaves no half-written checkpoint to restore from.
@@ -30,10 +34,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from plexrl import errors
+from plexrl.runtime import lora
 from plexrl.runtime.state import ModelState, load_module
 from plexrl.types import AdamParams
 
 OPTIMIZER_FILE = "optimizer.safetensors"
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "chat_template.jinja", "generation_config.json")
 
@@ -154,8 +161,11 @@ def save_state(state: ModelState, path: Path, with_optimizer: bool = True) -> in
 
 def _write_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
     path.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.detach().clone() for k, v in state.module.state_dict().items()}
-    state.module.save_pretrained(str(path), state_dict=weights, safe_serialization=True)
+    if state.lora is None:
+        weights = {k: v.detach().clone() for k, v in state.module.state_dict().items()}
+        state.module.save_pretrained(str(path), state_dict=weights, safe_serialization=True)
+    else:
+        _write_adapter(state, path)
     for name in TOKENIZER_FILES:
         source = Path(state.source) / name
         if source.is_file() and not (path / name).exists():
@@ -169,8 +179,19 @@ def _write_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
             metadata={"adam_step": str(state.adam_step), "numel": str(state.numel)},
         )
         written += 2 * state.numel * 4
-    (path / "plexrl_state.json").write_text(json.dumps({"job": state.job, "model": state.name, "adam_step": state.adam_step}))
+    (path / "plexrl_state.json").write_text(json.dumps({"job": state.job, "model": state.name, "adam_step": state.adam_step,
+                                                        "lora_rank": 0 if state.lora is None else state.lora.rank}))
     return written
+
+
+def _write_adapter(state: ModelState, path: Path) -> None:
+    """peft's adapter files: the adapter's weights by peft's keys, and its config naming the base."""
+    names = lora.adapter_names(state.module)
+    tensors = {lora.peft_key(n): p.detach().clone().contiguous() for n, p in zip(names, state.params)}
+    save_file(tensors, str(path / ADAPTER_FILE), metadata={"format": "pt"})
+    config = lora.peft_config(state.lora)
+    config.base_model_name_or_path = str(state.source)
+    config.save_pretrained(str(path))
 
 
 def load_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
@@ -178,7 +199,8 @@ def load_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
     everything is read and checked first (ModelLoadError on any fault), then written. Gradients
     are zeroed; without the optimizer the moments and step count restart from zero."""
     # 1) read and check the whole checkpoint into memory; the state is not touched yet
-    weights = _read_weights(state, path)
+    check_kind(state, path)
+    weights = _read_weights(state, path) if state.lora is None else _read_adapter(state, path)
     moments = _read_moments(state, path) if with_optimizer and state.trainable else None
     # 2) write it into the state: nothing below can fail, every size was checked
     flat = state.current()
@@ -220,6 +242,49 @@ def _read_weights(state: ModelState, path: Path) -> list[torch.Tensor]:
     flat = [p.detach().reshape(-1) for p in params]
     if not all_finite(*flat):
         raise errors.ModelLoadError(f"checkpoint {str(path)!r} has non-finite (NaN or inf) weights; expected finite ones")
+    return flat
+
+
+def check_kind(state: ModelState, path: Path) -> None:
+    """ModelLoadError unless the folder is the kind of checkpoint `state` takes: a LoRA adapter
+    folder for a LoRA state, a full model folder for a full one."""
+    is_adapter = (path / ADAPTER_CONFIG).is_file()
+    if state.lora is not None and not is_adapter:
+        raise errors.ModelLoadError(
+            f"checkpoint {str(path)!r} has no {ADAPTER_CONFIG}: it is not a LoRA adapter, but model {state.name!r} is "
+            f"a LoRA model (rank {state.lora.rank}); expected a folder saved by save_state of a LoRA model "
+            f"({ADAPTER_FILE} + {ADAPTER_CONFIG})")
+    if state.lora is None and is_adapter:
+        raise errors.ModelLoadError(
+            f"checkpoint {str(path)!r} is a LoRA adapter ({ADAPTER_CONFIG}), but model {state.name!r} is a "
+            "full-parameter model; expected a full model folder (config.json + weights) saved by save_state of a "
+            "full-parameter model")
+
+
+def _read_adapter(state: ModelState, path: Path) -> list[torch.Tensor]:
+    """The adapter's parameters, flattened in the state's order, after checking keys, shapes and finiteness."""
+    file = path / ADAPTER_FILE
+    try:
+        tensors = load_file(str(file))
+    except Exception as exc:  # missing, torn or not safetensors
+        raise errors.ModelLoadError(f"could not read {str(file)!r} ({type(exc).__name__}: {exc}); expected the "
+                                    "adapter weights a LoRA save_state writes") from exc
+    keys = [lora.peft_key(n) for n in lora.adapter_names(state.module)]
+    missing, extra = [k for k in keys if k not in tensors], sorted(set(tensors) - set(keys))
+    if missing or extra:
+        raise errors.ModelLoadError(
+            f"checkpoint {str(path)!r} adapts other layers than model {state.name!r} ({len(missing)} of its adapter "
+            f"weights missing, e.g. {missing[:1]}; {len(extra)} unknown, e.g. {extra[:1]}); expected an adapter with "
+            f"the same targets {list(state.lora.target_modules)}")
+    for key, shape in zip(keys, state.shapes):
+        if tensors[key].shape != shape or tensors[key].dtype != torch.float32:
+            raise errors.ModelLoadError(
+                f"checkpoint {str(path)!r} has {key} of {tensors[key].dtype} {tuple(tensors[key].shape)}, but model "
+                f"{state.name!r} (rank {state.lora.rank}) expects float32 {tuple(shape)}; expected an adapter of the "
+                "same rank over the same base")
+    flat = [tensors[k].reshape(-1) for k in keys]
+    if not all_finite(*flat):
+        raise errors.ModelLoadError(f"checkpoint {str(path)!r} has non-finite (NaN or inf) adapter weights; expected finite ones")
     return flat
 
 
