@@ -1,0 +1,1 @@
+"""`plexrl serve`: an HTTP server the unmodified Tinker SDK talks to, in front of a PlexRL cluster."""
