@@ -80,6 +80,8 @@ def reference_datum_loss(model, d, name):
         return -(ratio * adv).sum()
     if name == "ppo":
         return -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv).sum()
+    if name == "dro":
+        return -(lp * adv - 0.5 * 0.01 * (lp - x["logprobs"]) ** 2).sum()
     return -(ratio.clamp(0.0, 4.0).detach() * lp * adv).sum()  # cispo
 
 
@@ -88,6 +90,7 @@ LOSS_BATCHES = {
     "importance_sampling": policy_batch,
     "ppo": policy_batch,
     "cispo": policy_batch,
+    "dro": policy_batch,
     "value_mse": value_batch,
 }
 
@@ -118,6 +121,19 @@ def test_grads_accumulate_into_preset_views_in_place(arena_model):
     assert [p.grad.data_ptr() for p in model.parameters()] == pointers
     assert all(p.grad.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr() for p in model.parameters())
     assert torch.allclose(arena, 2 * once, rtol=1e-5, atol=1e-7) and once.abs().sum() > 0
+
+
+def test_cross_entropy_takes_any_per_token_weights(model):
+    """forward_backward_custom sends a custom loss's gradient in lp as cross_entropy's weights, so
+    weights of any sign must give -sum(weights * lp) and each datum's logprobs back."""
+    plain = execution.forward_backward(model, BATCH, "cross_entropy", backward=False)
+    weights = [[(-1.0) ** t * (t + 0.5) for t in range(d.model_input.length)] for d in BATCH]
+    weighted = execution.forward_backward(model, [Datum(d.model_input, {**d.loss_fn_inputs, "weights": w})
+                                                  for d, w in zip(BATCH, weights)], "cross_entropy", backward=False)
+    logprobs = [out["logprobs"].tolist() for out in plain.loss_fn_outputs]
+    assert [out["logprobs"].tolist() for out in weighted.loss_fn_outputs] == logprobs
+    expected = -sum(w * lp for ws, lps in zip(weights, logprobs) for w, lp in zip(ws, lps))
+    assert weighted.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_forward_only_leaves_grads_alone_and_matches(arena_model):

@@ -35,6 +35,8 @@ def reference_loss(name, out, inputs, config):
             total += -min(ratio * adv, clip(ratio, config["low"], config["high"]) * adv)
         elif name == "cispo":
             total += -clip(ratio, config["low"], config["high"]) * o * adv
+        elif name == "dro":
+            total += -(o * adv - 0.5 * config["beta"] * (o - inputs["logprobs"][t]) ** 2)
         elif name == "value_mse":
             total += 0.5 * weight * (o - inputs["target_values"][t]) ** 2
     return total
@@ -57,6 +59,8 @@ def reference_gradient(name, out, inputs, config):
             grads.append(0.0 if clipped else -ratio * adv)
         elif name == "cispo":
             grads.append(-clip(ratio, config["low"], config["high"]) * adv)
+        elif name == "dro":
+            grads.append(-adv + config["beta"] * (o - inputs["logprobs"][t]))
         elif name == "value_mse":
             grads.append(weight * (o - inputs["target_values"][t]))
     return grads
@@ -83,7 +87,8 @@ def evaluate(name, out, inputs, loss_fn_config=None, pad_to=None):
 
 def thresholds(name, loss_fn_config):
     config = validation.resolve_config(validation.loss_spec(name), loss_fn_config)
-    return {"low": config.get("clip_low_threshold"), "high": config.get("clip_high_threshold")}
+    return {"low": config.get("clip_low_threshold"), "high": config.get("clip_high_threshold"),
+            "beta": config.get("beta")}
 
 
 LP = [-0.5, -1.2, -2.0, -0.1]
@@ -91,6 +96,8 @@ SAMPLER_LP = [-0.6, -0.7, -2.5, -0.1]  # ratios: 1.105, 0.607, 1.649, 1.0
 CASES = {
     "ce unit weights": ("cross_entropy", LP, {}, None),
     "ce masked weights": ("cross_entropy", LP, {"weights": [1.0, 0.0, 0.5, 2.0]}, None),
+    # forward_backward_custom sends the custom loss's gradient as weights: any sign, any size
+    "ce negative weights": ("cross_entropy", LP, {"weights": [-1.5, 0.25, -3.0, 7.0]}, None),
     "is mixed advantages": ("importance_sampling", LP, {"logprobs": SAMPLER_LP, "advantages": [1.0, -1.0, 2.0, 0.0]}, None),
     "ppo default clip": ("ppo", LP, {"logprobs": SAMPLER_LP, "advantages": [1.0, -1.0, 2.0, -0.5]}, None),
     "ppo all positive adv": ("ppo", LP, {"logprobs": SAMPLER_LP, "advantages": [1.0, 1.0, 1.0, 1.0]}, None),
@@ -100,6 +107,8 @@ CASES = {
     "cispo default clip": ("cispo", LP, {"logprobs": SAMPLER_LP, "advantages": [1.0, -1.0, 2.0, -0.5]}, None),
     "cispo two-sided clip": ("cispo", LP, {"logprobs": SAMPLER_LP, "advantages": [1.0, -1.0, 2.0, -0.5]},
                              {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
+    "dro default beta": ("dro", LP, {"logprobs": SAMPLER_LP, "advantages": [1.0, -1.0, 2.0, -0.5]}, None),
+    "dro strong beta": ("dro", LP, {"logprobs": SAMPLER_LP, "advantages": [1.0, -1.0, 2.0, -0.5]}, {"beta": 2.0}),
     "value mse": ("value_mse", [0.3, -1.0, 2.0, 0.0], {"target_values": [0.0, -1.0, 1.0, 1.0]}, None),
     "value mse weighted": ("value_mse", [0.3, -1.0, 2.0, 0.0],
                            {"target_values": [0.0, -1.0, 1.0, 1.0], "weights": [1.0, 1.0, 0.0, 3.0]}, None),
@@ -141,19 +150,47 @@ def test_cispo_coefficient_is_capped_at_high_threshold():
     assert grad[0].item() == pytest.approx(-4.0), "default clip_high_threshold is 4.0 (Tinker's)"
 
 
+def test_dro_on_a_hand_computed_example():
+    # token 0: lp -1, sampler -2, adv 2:  -(-1 * 2 - 0.5 * 0.5 * 1**2)   = 2.25;   grad -2 + 0.5 * 1    = -1.5
+    # token 1: lp -3, sampler -1, adv -1: -(-3 * -1 - 0.5 * 0.5 * (-2)**2) = -2.0; grad  1 + 0.5 * (-2) =  0.0
+    total, grad = evaluate("dro", [-1.0, -3.0], {"logprobs": [-2.0, -1.0], "advantages": [2.0, -1.0]},
+                           {"beta": 0.5}, pad_to=4)
+    assert total == pytest.approx(0.25)
+    assert grad.tolist() == pytest.approx([-1.5, 0.0, 0.0, 0.0])
+
+
+DRO_DIRECTIONS = {
+    # (lp - sampler lp, advantage, beta): expected sign of d loss / d lp (descent moves lp the other way)
+    "on the sampler, positive adv: pushed up": (0.0, 1.0, 0.5, -1),
+    "on the sampler, negative adv: pushed down": (0.0, -1.0, 0.5, +1),
+    "zero adv, above the sampler: pulled back down": (0.5, 0.0, 0.5, +1),
+    "zero adv, below the sampler: pulled back up": (-0.5, 0.0, 0.5, -1),
+    "penalty outweighs a positive adv far above the sampler": (4.0, 1.0, 0.5, +1),
+    "beta 0 is plain policy gradient however far": (4.0, 1.0, 0.0, -1),
+}
+
+
+@pytest.mark.parametrize("log_ratio, advantage, beta, sign", DRO_DIRECTIONS.values(), ids=DRO_DIRECTIONS.keys())
+def test_dro_gradient_direction(log_ratio, advantage, beta, sign):
+    lp = -1.0
+    _, grad = evaluate("dro", [lp], {"logprobs": [lp - log_ratio], "advantages": [advantage]}, {"beta": beta})
+    assert int(np.sign(grad[0].item())) == sign
+
+
 finite = st.floats(-3.0, 3.0, allow_nan=False, width=32)
 
 
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(["importance_sampling", "ppo", "cispo"]),
+@given(name=st.sampled_from(["importance_sampling", "ppo", "cispo", "dro"]),
        rows=st.lists(st.tuples(finite, finite, finite), min_size=1, max_size=12),
        low=st.floats(0.0, 1.0), spread=st.floats(0.0, 1.0))
 def test_policy_losses_match_reference_on_random_tokens(name, rows, low, spread):
     out, sampler, adv = (list(col) for col in zip(*rows))
     inputs = {"logprobs": sampler, "advantages": adv}
-    config = {"clip_low_threshold": low, "clip_high_threshold": low + spread} if name != "importance_sampling" else None
+    config = {"importance_sampling": None, "dro": {"beta": spread}}.get(
+        name, {"clip_low_threshold": low, "clip_high_threshold": low + spread})
     total, grad = evaluate(name, out, inputs, config, pad_to=len(out) + 2)
-    clip_config = {"low": low, "high": low + spread}
+    clip_config = {"low": low, "high": low + spread, "beta": spread}
     assert total == pytest.approx(reference_loss(name, out, inputs, clip_config), rel=1e-4, abs=1e-4)
     assert grad[: len(out)].tolist() == pytest.approx(reference_gradient(name, out, inputs, clip_config), rel=1e-4, abs=1e-4)
 
@@ -176,6 +213,7 @@ def test_config_defaults():
     cispo = validation.resolve_config(validation.loss_spec("cispo"), {})
     assert ppo == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
     assert cispo == {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
+    assert validation.resolve_config(validation.loss_spec("dro"), None) == {"beta": 0.01}
 
 
 BAD_CONFIGS = {
@@ -185,6 +223,8 @@ BAD_CONFIGS = {
     "nan": ("cispo", {"clip_high_threshold": float("nan")}, "expected a finite number"),
     "low above high": ("ppo", {"clip_low_threshold": 1.5}, "expected 0 <= low <= high"),
     "negative low": ("cispo", {"clip_low_threshold": -0.1}, "expected 0 <= low <= high"),
+    "negative beta": ("dro", {"beta": -0.1}, "beta=-0.1; expected a number >= 0"),
+    "clip key on dro": ("dro", {"clip_low_threshold": 0.8}, "expected a subset of ['beta']"),
 }
 
 

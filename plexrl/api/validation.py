@@ -38,6 +38,8 @@ class LossSpec:
 
 
 _POLICY_INPUTS = ("target_tokens", "logprobs", "advantages")
+# Tinker documents dro's `beta` (loss_fn_config={"beta": 0.05} in its example) but not its default.
+DRO_BETA = 0.01
 
 BUILTIN_LOSSES: dict[str, LossSpec] = {
     spec.name: spec
@@ -48,6 +50,7 @@ BUILTIN_LOSSES: dict[str, LossSpec] = {
                  config_defaults={"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
         LossSpec("cispo", "logprobs", _POLICY_INPUTS,
                  config_defaults={"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}),
+        LossSpec("dro", "logprobs", _POLICY_INPUTS, config_defaults={"beta": DRO_BETA}),
         LossSpec("value_mse", "values", ("target_values",), {"weights": 1.0}),
     )
 }
@@ -252,6 +255,9 @@ def resolve_config(spec: LossSpec, loss_fn_config: Mapping[str, float] | None) -
         raise errors.InvalidInput(
             f"{spec.name} clip thresholds low={config['clip_low_threshold']}, "
             f"high={config['clip_high_threshold']}; expected 0 <= low <= high")
+    if config.get("beta", 0.0) < 0:
+        raise errors.InvalidInput(f"{spec.name} beta={config['beta']}; expected a number >= 0 (a negative "
+                                  "beta would reward moving away from the sampler without bound)")
     return config
 
 

@@ -11,6 +11,7 @@ With `lp` the log-probs of `target_tokens` under the model and `ratio = exp(lp -
 | `importance_sampling` | `-ratio * advantages`                                       | logprobs |
 | `ppo`                 | `-min(ratio * adv, clip(ratio, low, high) * adv)`           | logprobs |
 | `cispo`               | `-stopgrad(clip(ratio, low, high)) * lp * adv`              | logprobs |
+| `dro`                 | `-(lp * adv - 0.5 * beta * (lp - logprobs)**2)`             | logprobs |
 | `value_mse`           | `0.5 * weights * (v - target_values)**2`                    | values   |
 
 Clip thresholds come from `loss_fn_config` (`clip_low_threshold`, `clip_high_threshold`):
@@ -18,6 +19,12 @@ PPO defaults to 0.8 / 1.2 (Tinker's fixed epsilon of 0.2). CISPO defaults to 0.0
 documented default: a one-sided clip that only caps large ratios, because CISPO never zeroes a
 token's gradient and a lower bound would only inflate the coefficient of unlikely tokens
 (the MiniMax-M1 paper likewise imposes no lower bound and tunes only the upper one).
+
+DRO (Richemond et al. 2024; Kimi k1.5) is Tinker's `dro` exactly as its loss docs write it
+(tinker-docs.thinkingmachines.ai/tinker/losses/dro): a policy-gradient term plus a quadratic
+penalty on the log-ratio to the sampler, `beta` from `loss_fn_config` (>= 0). Its gradient in
+lp is `-adv + beta * (lp - logprobs)`: the advantage pushes, the penalty pulls back towards the
+sampler in proportion to how far lp has moved. Tinker documents no default beta; ours is 0.01.
 
 Which inputs each loss requires and which config keys it takes, with their defaults, is the pure
 table `BUILTIN_LOSSES` of plexrl/api/validation.py (the job side checks calls against it); this
@@ -71,6 +78,11 @@ def cispo(lp, inputs, config):
     return -coefficient * lp * inputs["advantages"]
 
 
+def dro(lp, inputs, config):
+    log_ratio = lp - inputs["logprobs"]
+    return -(lp * inputs["advantages"] - 0.5 * config["beta"] * log_ratio ** 2)
+
+
 def value_mse(values, inputs, config):
     return 0.5 * inputs["weights"] * (values - inputs["target_values"]) ** 2
 
@@ -81,6 +93,7 @@ PER_TOKEN: dict[str, TokenLoss] = {
     "importance_sampling": importance_sampling,
     "ppo": ppo,
     "cispo": cispo,
+    "dro": dro,
     "value_mse": value_mse,
 }
 
