@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("plexrl.rl.jobs_file", "main", "run the jobs described in a YAML file"),
     "bench": ("plexrl.bench", "main", "benchmarks: switch, dispatch, placement, faults"),
     "sim": ("plexrl.sim.cli", "main", "simulate a workload on a cluster at scale"),
+    "serve": ("plexrl.serve.server", "main", "a Tinker-compatible network service (the Tinker SDK talks to it)"),
     "tiny-model": ("plexrl.models.tiny", "main", "write a small random model with its tokenizer"),
 }
 

@@ -1,0 +1,167 @@
+"""`plexrl serve`: the command, and `Server`, which runs the service on a socket (tests and
+benchmarks start one in-process on a free loopback port).
+
+    plexrl serve --model /models/tiny [--model NAME=PATH ...] [--engine process|local|ray]
+                 [--host 127.0.0.1] [--port 8000] [--api-keys FILE] [--state-dir DIR]
+
+The server is stateless apart from `--state-dir` (runs and checkpoints, see store.py) and the
+sessions it holds in memory: several servers may share one state directory behind a load
+balancer that sends each session's requests to the server that created it (sticky on the
+session id, which every request names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import socket
+import sys
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+
+from plexrl.api import errors
+
+log = logging.getLogger("plexrl.serve")
+
+
+class Server:
+    """Uvicorn serving `app` on a socket bound now (port 0: a free one), in a thread of its own."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.host, self.port = host, self.socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=60,
+                                access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "Server":
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.socket]},
+                                        name="plexrl-serve-http", daemon=True)
+        self._thread.start()
+        waited = 0.0
+        while not self._server.started:
+            if not self._thread.is_alive() or waited > timeout:
+                raise RuntimeError(f"the server on {self.url} did not start within {timeout} s")
+            threading.Event().wait(0.02)
+            waited += 0.02
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.socket.close()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def parse_models(values: list[str]) -> dict[str, str]:
+    """`--model PATH` serves PATH under its own name; `--model NAME=PATH` under NAME."""
+    models: dict[str, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            name, path = value, value
+        folder = Path(path)
+        if not (folder / "config.json").is_file():
+            raise errors.ConfigError(f"--model {value!r}: {path!r} is not a Hugging Face model folder "
+                                     "(no config.json); expected a local folder, e.g. one `plexrl tiny-model` wrote")
+        if name in models:
+            raise errors.ConfigError(f"--model {value!r}: the name {name!r} is given twice")
+        models[name] = str(folder.resolve())
+    return models
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from plexrl.engines import add_engine_option
+
+    parser = argparse.ArgumentParser(prog="plexrl serve", description=__doc__.split("\n\n")[0])
+    add_engine_option(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", action="append", default=[], metavar="PATH | NAME=PATH",
+                        help="a local Hugging Face folder to serve (repeatable)")
+    parser.add_argument("--api-keys", metavar="FILE", help="lines 'TENANT KEY' (keys start with tml-); without it "
+                        "the server has one tenant and binds only loopback")
+    parser.add_argument("--state-dir", default="plexrl-serve", help="runs, checkpoints and their records")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--device-memory-mib", type=int, default=256)
+    parser.add_argument("--host-memory-mib", type=int, default=2048)
+    parser.add_argument("--session-timeout", type=float, default=120.0,
+                        help="seconds without a heartbeat after which a session is finished")
+    parser.add_argument("--poll-hold", type=float, default=25.0, help="seconds a retrieve_future poll is held")
+    parser.add_argument("--max-body-mib", type=int, default=64)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        import tinker.proto.tinker_public_pb2  # noqa: F401  (the wire schema)
+    except ImportError:
+        print("plexrl serve: the Tinker SDK is not installed; pip install 'plexrl[serve]' (tinker==0.38.0)",
+              file=sys.stderr)
+        return 2
+    from plexrl import engines
+    from plexrl.serve.app import create_app
+    from plexrl.serve.service import Limits, Service
+    from plexrl.serve.store import Store
+    from plexrl.serve.tenants import Tenants
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        models = parse_models(args.model)
+        tenants = Tenants.from_file(args.api_keys) if args.api_keys else Tenants()
+        if tenants.open and not _is_loopback(args.host):
+            raise errors.ConfigError(f"--host {args.host} without --api-keys: a server without keys binds only a "
+                                     "loopback address (127.0.0.1); give --api-keys FILE to serve a network")
+        state_dir = Path(args.state_dir).resolve()
+        limits = Limits(session_timeout_s=args.session_timeout, poll_hold_s=args.poll_hold)
+    except errors.InvalidInput as exc:
+        print(f"plexrl serve: {exc}", file=sys.stderr)
+        return 2
+    with ExitStack() as stack:
+        stack.enter_context(engines.session(args.engine, args.devices))
+        cluster = stack.enter_context(engines.open_cluster(
+            args.engine, args.devices, device_memory_bytes=args.device_memory_mib << 20,
+            host_memory_bytes=args.host_memory_mib << 20, checkpoint_dir=str(state_dir / "scratch-checkpoints")))
+        store = Store(state_dir)
+        stack.callback(store.close)
+        service = Service(cluster, store, models, tenants, limits)
+        stack.callback(service.close)
+        server = Server(create_app(service, args.max_body_mib << 20), args.host, args.port)
+        print(f"plexrl serve: {server.url} ({args.engine} engine, {args.devices} devices; models: "
+              f"{', '.join(sorted(models))}; state in {state_dir})", flush=True)
+        server.start()
+        try:
+            server._thread.join()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.stop()
+    return 0

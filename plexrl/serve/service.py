@@ -1,0 +1,977 @@
+"""The state of `plexrl serve`: tenants' sessions, models, sampling sessions and futures, on one
+PlexRL cluster. plexrl/serve/app.py is its HTTP face; this module knows no HTTP.
+
+A Tinker session is a PlexRL job (placed, admitted, multiplexed and accounted like any other);
+a Tinker training client is a trainable model state of that job (LoRA through peft, or full
+parameters for `rank=0`); a sampling session is a sampler snapshot (a weight sync) or a frozen
+model. Each request becomes one call of the job-side API (plexrl/api/client.py), so it is checked
+and scheduled exactly as a local job's call is.
+
+Invariants:
+- a POST only enqueues: it answers with a request id at once, and the result is fetched with
+  `retrieve_future` (long-polled); what takes time (placing a model, loading a checkpoint) runs
+  on the service's threads;
+- calls on one model reach the runtime in `seq_id` order (the SDK numbers them and sends
+  chunks of one forward_backward in parallel): a call waits for the ones numbered before it, for
+  at most `gap_s` (a number the SDK reserved and never sent must not stall the model forever);
+- a submission repeated with the same natural key ((model_id, seq_id), (session_id,
+  model_seq_id), (session_id, sampling_session_seq_id), (sampling_session_id, seq_id)) returns
+  the first one's request id and never runs twice;
+- everything is looked up with the caller's tenant: another tenant's session, model, sampler,
+  future, run or checkpoint is `NotFound`, exactly as one that does not exist;
+- sampling without a seed draws from a seed derived from the request's numbers (sampling
+  session, seq_id), never from arrival order: a run repeated with the same seeds samples the
+  same tokens whatever else the server runs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from plexrl.api import errors
+from plexrl.api.client import SamplingClient, ServiceClient, TrainingClient
+from plexrl.api.cluster import StateHandle
+from plexrl.api.futures import APIFuture
+from plexrl.api.types import LoraConfig, ModelInput
+from plexrl.serve import wire
+from plexrl.serve.store import KINDS, CheckpointRecord, Run, Store, folder_bytes
+from plexrl.serve.tenants import Tenants
+
+log = logging.getLogger("plexrl.serve")
+
+SNAPSHOT_SLOTS = 2  # sampler snapshots kept in memory per training model: the current and the one before
+
+
+# ---------------------------------------------------------------------------- errors and outcomes
+
+class ServeError(Exception):
+    """An HTTP-level answer (app.py turns it into its status and a JSON body naming the problem)."""
+
+    status = 400
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(ServeError):
+    status = 400
+
+
+class Unauthorized(ServeError):
+    status = 401
+
+
+class NotFound(ServeError):
+    status = 404
+
+
+class Gone(ServeError):
+    status = 410
+
+
+class TooMany(ServeError):
+    status = 429
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished request: protobuf bytes, a JSON body, or a failure with its Tinker category."""
+
+    proto: bytes | None = None
+    json: dict | None = None
+    error: str | None = None
+    category: str = "server"  # "user" for bad input, "server" otherwise
+
+    @classmethod
+    def failed(cls, exc: BaseException) -> "Outcome":
+        if isinstance(exc, (errors.InvalidInput, wire.WireError, ServeError, FileExistsError)):
+            return cls(error=_message(exc), category="user")
+        log.warning("request failed: %s: %s", type(exc).__name__, exc)
+        return cls(error=f"{type(exc).__name__}: {exc}", category="server")
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, FileExistsError):
+        return f"checkpoint {exc.args[0]} exists; save under another name or with overwrite=True"
+    return str(exc)
+
+
+@dataclass
+class Pending:
+    """A request's future, as retrieve_future sees it."""
+
+    request_id: str
+    tenant: str
+    session_id: str
+    future: concurrent.futures.Future  # of Outcome
+    waiting_for: Callable[[], str]  # what it waits for now (try-again's queue_state_reason)
+
+
+# ---------------------------------------------------------------------------- ordering
+
+class Sequencer:
+    """Runs one model's submissions in seq_id order, once the model exists."""
+
+    def __init__(self, next_seq: int, gap_s: float, clock: Callable[[], float]):
+        self.next_seq = next_seq
+        self.gap_s = gap_s
+        self.clock = clock
+        self.ready = False
+        self.held: dict[int, Callable[[], None]] = {}
+        self._since = clock()  # when the sequencer last moved
+        self._lock = threading.RLock()
+
+    def arrive(self, seq: int | None, start: Callable[[], None]) -> None:
+        with self._lock:
+            if seq is None or seq < self.next_seq:  # unnumbered, or after a skipped gap: now
+                self.held[min(self.held, default=self.next_seq) - 1 if seq is None else seq] = start
+                if self.ready:
+                    self._run_late()
+                return
+            self.held[seq] = start
+            self.drain()
+
+    def open(self) -> None:
+        with self._lock:
+            self.ready = True
+            self._since = self.clock()
+            self._run_late()
+            self.drain()
+
+    def _run_late(self) -> None:
+        for seq in sorted(s for s in self.held if s < self.next_seq):
+            self.held.pop(seq)()
+
+    def drain(self) -> None:
+        with self._lock:
+            if not self.ready:
+                return
+            if self.held and self.next_seq not in self.held and self.clock() - self._since > self.gap_s:
+                log.warning("seq_id %d never arrived in %.0f s; going on with %d", self.next_seq, self.gap_s,
+                            min(self.held))
+                self.next_seq = min(self.held)
+            while self.next_seq in self.held:
+                start = self.held.pop(self.next_seq)
+                self.next_seq += 1
+                self._since = self.clock()
+                start()
+
+    def waiting_for(self, seq: int | None) -> str | None:
+        with self._lock:
+            if not self.ready:
+                return "the model is being placed and loaded (waiting for room on the cluster)"
+            if seq is not None and seq in self.held:
+                return f"waiting for request seq_id={self.next_seq} of this model (a model's requests run in order)"
+            return None
+
+
+# ---------------------------------------------------------------------------- records
+
+@dataclass
+class Model:
+    model_id: str
+    tenant: str
+    session_id: str
+    run: Run
+    sequencer: Sequencer
+    client: TrainingClient | None = None  # set once placed
+    syncs: int = 0  # sampler snapshots made
+    failed: BaseException | None = None  # placing it failed: every call fails with this
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    tenant: str
+    session_id: str
+    base_model: str
+    model_path: str | None
+    seed_base: int
+    client: SamplingClient | None = None
+    ready: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    _seen: dict[str, int] = field(default_factory=dict)  # prompt digest -> samples asked for it so far
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_seed(self, prompt: list[int], seq: int | None) -> int:
+        """The seed of a request that gives none: from the sampler, the prompt and the request's
+        number in its sampling session (`seq_id`, which the SDK gives in submission order, not
+        arrival order), or without one, how many requests for that prompt came before."""
+        digest = hashlib.sha256(_token_bytes(prompt)).hexdigest()
+        if seq is not None:
+            return _seed(str(self.seed_base), digest, f"seq{seq}")
+        with self._lock:
+            k = self._seen.get(digest, 0)
+            self._seen[digest] = k + 1
+        return _seed(str(self.seed_base), digest, str(k))
+
+
+@dataclass
+class Session:
+    session_id: str
+    tenant: str
+    job: str
+    client: ServiceClient
+    last_beat: float
+    user_metadata: dict | None
+    models: dict[int, str] = field(default_factory=dict)  # model_seq_id -> model_id
+    samplers: dict[int, str] = field(default_factory=dict)  # sampling_session_seq_id -> sampler id
+    steps: int = 0  # optim_steps so far: the job's step marks
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class Limits:
+    sessions_per_tenant: int = 16
+    queued_per_tenant: int = 1024  # requests submitted and not yet finished
+    session_timeout_s: float = 120.0  # a session without heartbeats this long is finished
+    poll_hold_s: float = 25.0  # retrieve_future holds a poll this long before try-again (< 45 s)
+    gap_s: float = 30.0  # a model's missing seq_id is waited for this long
+
+
+class Service:
+    def __init__(self, cluster, store: Store, models: dict[str, str], tenants: Tenants,
+                 limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic,
+                 client_flags: dict[str, Any] | None = None):
+        """`models`: served name -> local Hugging Face folder. `client_flags`: what
+        /client/config tells the SDK (empty: its defaults, which this server supports)."""
+        if not models:
+            raise errors.ConfigError("no model to serve; give --model PATH (or NAME=PATH) at least once")
+        self.cluster = cluster
+        self.store = store
+        self.served = dict(models)
+        self.tenants = tenants
+        self.limits = limits
+        self.clock = clock
+        self.client_flags = dict(client_flags or {})
+        self.sessions: dict[str, Session] = {}
+        self.model_table: dict[str, Model] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.pending: dict[str, Pending] = {}
+        self._keys: dict[tuple, str] = {}  # (tenant, kind, natural key...) -> request id
+        self._snapshots: dict[tuple[str, str], StateHandle] = {}  # (tenant, tinker path) -> sampler snapshot
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._work = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="plexrl-serve")
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="plexrl-serve-reaper", daemon=True)
+        self._reaper.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for session in list(self.sessions.values()):
+            self._finish(session)
+        self._work.shutdown(wait=True, cancel_futures=True)
+
+    # -- identity ---------------------------------------------------------------------------------
+    def tenant(self, key: str | None) -> str:
+        tenant = self.tenants.tenant_of(key)
+        if tenant is None:
+            raise Unauthorized("missing or unknown API key; send a key this server knows in the X-API-Key header")
+        return tenant
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def create_session(self, tenant: str, body: dict) -> dict:
+        with self._lock:
+            live = sum(1 for s in self.sessions.values() if s.tenant == tenant and not s.finished)
+            if live >= self.limits.sessions_per_tenant:
+                raise TooMany(f"tenant {tenant!r} has {live} open sessions, the most this server allows "
+                              f"({self.limits.sessions_per_tenant}); finish one first")
+            session_id = f"s{next(self._ids)}-{secrets.token_hex(4)}"
+        client = self.cluster.service_client(session_id)
+        metadata = body.get("user_metadata")
+        session = Session(session_id, tenant, session_id, client, self.clock(),
+                          metadata if isinstance(metadata, dict) else None)
+        with self._lock:
+            self.sessions[session_id] = session
+        log.info("session %s opened for tenant %s", session_id, tenant)
+        return {"type": "create_session", "session_id": session_id}
+
+    def _session(self, tenant: str, session_id: Any) -> Session:
+        session = _owned(self.sessions, tenant, session_id, "session")
+        if session.finished:
+            raise Gone(f"session {session_id!r} has finished")
+        return session
+
+    def heartbeat(self, tenant: str, body: dict) -> dict:
+        session = self._session(tenant, body.get("session_id"))
+        session.last_beat = self.clock()
+        return {"type": "session_heartbeat"}
+
+    def finish_session(self, tenant: str, session_id: str) -> dict:
+        self._finish(_owned(self.sessions, tenant, session_id, "session"))
+        return {}
+
+    def _finish(self, session: Session) -> None:
+        with self._lock:
+            if session.finished:
+                return
+            session.finished = True
+            model_ids = list(session.models.values())
+            sampler_ids = list(session.samplers.values())
+        try:
+            session.client.close()  # frees the job's states and lets waiting jobs in
+        except Exception as exc:  # the cluster closing under us: nothing more to free
+            log.warning("finishing session %s: %s: %s", session.session_id, type(exc).__name__, exc)
+        with self._lock:
+            for model_id in model_ids:
+                self.model_table.pop(model_id, None)
+            for sampler_id in sampler_ids:
+                self.samplers.pop(sampler_id, None)
+            for sampler_id in [s.sampler_id for s in self.samplers.values() if s.session_id == session.session_id]:
+                self.samplers.pop(sampler_id, None)
+            for request_id in [p.request_id for p in self.pending.values() if p.session_id == session.session_id]:
+                self.pending.pop(request_id, None)
+            self._keys = {k: v for k, v in self._keys.items() if v in self.pending}
+        log.info("session %s finished", session.session_id)
+
+    def _reap(self) -> None:
+        while not self._stop.wait(1.0):
+            now = self.clock()
+            for session in list(self.sessions.values()):
+                if not session.finished and now - session.last_beat > self.limits.session_timeout_s:
+                    log.info("session %s sent no heartbeat for %.0f s: finishing it", session.session_id,
+                             now - session.last_beat)
+                    self._finish(session)
+            with self._lock:
+                models = list(self.model_table.values())
+            for model in models:
+                model.sequencer.drain()  # skips a seq_id gap that outlived gap_s
+
+    # -- futures ----------------------------------------------------------------------------------
+    def _enqueue(self, tenant: str, session: Session, key: tuple | None,
+                 submit: Callable[[concurrent.futures.Future], Callable[[], str]]) -> tuple[str, bool]:
+        """A new request (or the one already made under `key`): (request id, whether it is new).
+        `submit(future)` starts the work, resolving `future` with an Outcome, and returns what
+        tells the request's state."""
+        with self._lock:
+            if key is not None:
+                known = self._keys.get((tenant, *key))
+                if known is not None and known in self.pending:
+                    return known, False
+            queued = sum(1 for p in self.pending.values() if p.tenant == tenant and not p.future.done())
+            if queued >= self.limits.queued_per_tenant:
+                raise TooMany(f"tenant {tenant!r} has {queued} requests queued, the most this server allows "
+                              f"({self.limits.queued_per_tenant}); wait for some to finish")
+            request_id = f"r{next(self._ids)}-{secrets.token_hex(4)}"
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            pending = Pending(request_id, tenant, session.session_id, future, lambda: "queued")
+            self.pending[request_id] = pending
+            if key is not None:
+                self._keys[(tenant, *key)] = request_id
+        try:
+            pending.waiting_for = submit(future)
+        except Exception as exc:
+            _resolve(future, Outcome.failed(exc))
+        return request_id, True
+
+    def failed(self, tenant: str, exc: BaseException) -> str:
+        """A request refused before it started (bad input): its future fails with the message."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(Outcome.failed(exc))
+        with self._lock:
+            request_id = f"r{next(self._ids)}-{secrets.token_hex(4)}"
+            self.pending[request_id] = Pending(request_id, tenant, "", future, lambda: "failed")
+        return request_id
+
+    def future(self, tenant: str, request_id: Any) -> Pending:
+        return _owned(self.pending, tenant, request_id, "request")
+
+    # -- models -----------------------------------------------------------------------------------
+    def _folder(self, base_model: Any) -> str:
+        folder = self.served.get(base_model) if isinstance(base_model, str) else None
+        if folder is None:
+            raise errors.InvalidInput(f"base_model={base_model!r} is not served here; expected one of "
+                                      f"{sorted(self.served)}")
+        return folder
+
+    def create_model(self, tenant: str, body: dict) -> str:
+        session = self._session(tenant, body.get("session_id"))
+        seq = _int(body, "model_seq_id")
+        optimizer = body.get("optimizer_config") or {}
+        if isinstance(optimizer, dict) and optimizer.get("type", "adamw") != "adamw":
+            raise BadRequest(f"optimizer_config.type={optimizer.get('type')!r}; PlexRL trains with 'adamw' only")
+        lora = _lora(body.get("lora_config"))
+        self._folder(body.get("base_model"))
+        run = Run(_model_id(session, seq), tenant, body["base_model"], lora.rank if lora else 0,
+                  *(_lora_flags(lora)), user_metadata=_str_dict(body.get("user_metadata")))
+
+        def start(future):
+            model = self._new_model(session, seq, run, next_seq=1)
+            self._work.submit(self._place, model, lora, future, None)
+            return lambda: model.sequencer.waiting_for(None) or "the model is placed"
+
+        request_id, _ = self._enqueue(tenant, session, ("create_model", session.session_id, seq), start)
+        return request_id
+
+    def _new_model(self, session: Session, seq: int, run: Run, next_seq: int) -> Model:
+        model = Model(run.run_id, session.tenant, session.session_id, run,
+                      Sequencer(next_seq, self.limits.gap_s, self.clock))
+        with self._lock:
+            if run.run_id in self.model_table:
+                raise errors.InvalidInput(f"model_seq_id={seq} is already a model of session {session.session_id!r}")
+            self.model_table[run.run_id] = model
+            session.models[seq] = run.run_id
+        return model
+
+    def _place(self, model: Model, lora: LoraConfig | None, future, checkpoint: tuple[CheckpointRecord, bool] | None):
+        """On a service thread: add the model to the cluster (waiting for admission), load a
+        checkpoint into it if asked, record its run, then let its queued calls go."""
+        session = self.sessions[model.session_id]
+        try:
+            folder = self._folder(model.run.base_model)
+            name = model.model_id.split(":", 1)[1]  # "train:N"
+            seed = lora.seed if lora else 0
+            if lora is not None:
+                model.client = session.client.create_lora_training_client(
+                    folder, lora.rank, seed=seed, name=name, train_mlp=lora.train_mlp, train_attn=lora.train_attn,
+                    train_unembed=lora.train_unembed)
+            else:
+                model.client = session.client.create_training_client(folder, seed=seed, name=name)
+            if checkpoint is not None:
+                record, with_optimizer = checkpoint
+                load = model.client.load_state_with_optimizer if with_optimizer else model.client.load_state
+                load(record.folder).result()
+            self.store.add_run(model.run)
+            if checkpoint is None:
+                outcome = Outcome(json={"model_id": model.model_id, "type": "create_model"})
+            else:
+                outcome = Outcome(json={"path": checkpoint[0].tinker_path, "type": "load_weights"})
+        except Exception as exc:
+            model.failed = exc
+            outcome = Outcome.failed(exc)
+        model.sequencer.open()
+        _resolve(future, outcome)
+
+    def _model(self, tenant: str, model_id: Any) -> Model:
+        return _owned(self.model_table, tenant, model_id, "model")
+
+    def get_info(self, tenant: str, body: dict) -> dict:
+        model = self._model(tenant, body.get("model_id"))
+        folder = self.served[model.run.base_model]
+        return {"type": "get_info", "model_id": model.model_id, "model_name": model.run.base_model,
+                "model_data": {"arch": _arch(folder), "model_name": model.run.base_model, "tokenizer_id": folder},
+                "is_lora": model.run.lora_rank > 0, "lora_rank": model.run.lora_rank or None}
+
+    def _model_call(self, tenant: str, model_id: Any, seq: int | None, kind: str,
+                    call: Callable[[Model], APIFuture], finish: Callable[[Model, Any], Outcome]) -> str:
+        """A call on a training model, run in seq order: `call(model)` submits it to the runtime
+        and `finish(model, result)` makes its outcome (on the thread that resolves it)."""
+        model = self._model(tenant, model_id)
+        session = self._session(tenant, model.session_id)
+
+        def start(future):
+            state = {"submitted": False}
+
+            def go():
+                if model.failed is not None:
+                    _resolve(future, Outcome.failed(errors.InvalidInput(
+                        f"model {model.model_id!r} could not be created: {model.failed}")))
+                    return
+                state["submitted"] = True
+                try:
+                    api_future = call(model)
+                except Exception as exc:
+                    _resolve(future, Outcome.failed(exc))
+                    return
+                api_future.add_done_callback(lambda done: self._work.submit(_finish_call, done, model, finish, future))
+
+            model.sequencer.arrive(seq, go)
+            return lambda: (model.sequencer.waiting_for(seq) or self._runtime_state(model, state["submitted"]))
+
+        self.store_touch(model)
+        request_id, _ = self._enqueue(tenant, session, (kind, model.model_id, seq) if seq is not None else None, start)
+        return request_id
+
+    def store_touch(self, model: Model) -> None:
+        try:
+            self.store.touch_run(model.run.run_id)
+        except Exception:  # a busy database must not fail a call; the next touch catches up
+            pass
+
+    def _runtime_state(self, model: Model, submitted: bool) -> str:
+        if not submitted:
+            return "queued"
+        client = model.client
+        try:
+            where = self.cluster.residency().get(client.state.state_id, "")
+        except Exception:
+            where = ""
+        if where.startswith("device"):
+            return f"queued or running on {where} (requests of other jobs may run first)"
+        if where:
+            return f"waiting for its state to be switched in (now on {where})"
+        return "queued in the runtime"
+
+    def forward(self, tenant: str, body: bytes) -> str:
+        return self.forward_backward(tenant, body, forward_only=True)
+
+    def forward_backward(self, tenant: str, body: bytes, forward_only: bool | None = None) -> str:
+        request = wire.decode_forward_backward(body)
+        only = request.forward_only if forward_only is None else forward_only
+
+        def call(model: Model) -> APIFuture:
+            run = model.client.forward if only else model.client.forward_backward
+            return run(request.data, request.loss_fn, request.loss_fn_config or None)
+
+        def finish(model: Model, output) -> Outcome:
+            output = type(output)(output.loss_fn_outputs, wire.tinker_metrics(output.metrics))
+            return Outcome(proto=wire.encode_forward_backward_output(output))
+
+        return self._model_call(tenant, request.model_id, request.seq_id, "forward_backward", call, finish)
+
+    def optim_step(self, tenant: str, body: dict) -> str:
+        # Checks of a numbered call run in its turn (inside `call`): a refused call still moves its model's sequence on.
+        def call(model: Model) -> APIFuture:
+            return model.client.optim_step(wire.adam_params(body.get("adam_params") or body.get("optim_params") or {}))
+
+        def finish(model: Model, response) -> Outcome:
+            self._work.submit(self._step_mark, model)
+            return Outcome(json={"type": "optim_step", "metrics": wire.tinker_metrics(response.metrics)})
+
+        return self._model_call(tenant, body.get("model_id"), _opt_int(body, "seq_id"), "optim_step", call, finish)
+
+    def _step_mark(self, model: Model) -> None:
+        """A session's optim_step is its job's step boundary (profiling, checkpoints, re-placement)."""
+        session = self.sessions.get(model.session_id)
+        if session is None or session.finished:
+            return
+        session.steps += 1
+        try:
+            session.client.report_step(session.steps)
+        except Exception as exc:
+            log.warning("step mark of %s: %s: %s", session.job, type(exc).__name__, exc)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_weights(self, tenant: str, body: dict) -> str:
+        seq = _opt_int(body, "seq_id")
+        name = body.get("path") or f"{seq or 0:06d}"
+        kind = "weights"
+        return self._save(tenant, body, seq, name, kind, with_optimizer=True)
+
+    def _save(self, tenant: str, body: dict, seq: int | None, name: Any, kind: str, with_optimizer: bool,
+              extra: Callable[[Model, dict], dict] | None = None) -> str:
+        overwrite = bool(body.get("overwrite", False))
+        metadata = body.get("user_metadata")
+
+        def call(model: Model) -> APIFuture:
+            _check_checkpoint_name(name)
+            _str_dict(metadata)
+            return model.client.save_state(f"serve-{kind}-{name}", with_optimizer=with_optimizer)
+
+        def finish(model: Model, response) -> Outcome:
+            folder = self.store.folder_for(tenant, model.run.run_id, kind, name)
+            written = Path(response.path)
+            record = CheckpointRecord(model.run.run_id, kind, name, tenant, str(folder), time.time(),
+                                      folder_bytes(written), with_optimizer, _str_dict(metadata))
+            self.store.add_checkpoint(record, written, overwrite)
+            answer = {"path": record.tinker_path}
+            if extra is not None:
+                answer = extra(model, answer)
+            return Outcome(json=answer)
+
+        return self._model_call(tenant, body.get("model_id"), seq, f"save_{kind}", call, finish)
+
+    def save_weights_for_sampler(self, tenant: str, body: dict) -> str:
+        seq = _opt_int(body, "seq_id")
+        model = self._model(tenant, body.get("model_id"))
+        name = body.get("path")
+        sampler_seq = body.get("sampling_session_seq_id")
+        if name is None and sampler_seq is None:
+            raise BadRequest("save_weights_for_sampler needs 'path' (a named checkpoint) or "
+                             "'sampling_session_seq_id' (an unnamed sampler)")
+
+        def sync(model: Model) -> StateHandle:
+            """A weight sync into one of the model's snapshot slots (the runtime's fast path)."""
+            model.syncs += 1
+            slot = f"sampler{model.syncs % SNAPSHOT_SLOTS}"
+            return model.client.save_weights_for_sampler(slot).result()
+
+        if name is not None:
+            def extra(model: Model, answer: dict) -> dict:
+                handle = sync(model)
+                self._bind_snapshot(tenant, model, answer["path"], handle)
+                return answer
+
+            return self._save(tenant, body, seq, name, "sampler_weights", with_optimizer=False, extra=extra)
+
+        session = self._session(tenant, model.session_id)
+        sampler_seq = _int(body, "sampling_session_seq_id")
+
+        def call(model: Model) -> APIFuture:
+            return self._work.submit(lambda: sync(model))
+
+        def finish(model: Model, handle: StateHandle) -> Outcome:
+            sampler = self._new_sampler(session, sampler_seq, model.run.base_model, None)
+            sampler.client = SamplingClient(self.cluster, handle, sampler.seed_base)
+            sampler.ready.set_result(None)
+            return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sampler.sampler_id})
+
+        return self._model_call(tenant, model.model_id, seq, "save_weights_for_sampler", _as_api(call), finish)
+
+    def _bind_snapshot(self, tenant: str, model: Model, tinker_path: str, handle: StateHandle) -> None:
+        with self._lock:
+            self._snapshots[(tenant, tinker_path)] = handle
+
+    def load_weights(self, tenant: str, body: dict) -> str:
+        path = body.get("path")
+        with_optimizer = bool(body.get("optimizer", False))
+
+        def checkpoint() -> CheckpointRecord:
+            record = self._checkpoint(tenant, path)
+            if with_optimizer and not record.with_optimizer:
+                raise errors.InvalidInput(f"checkpoint {path} was saved without its optimizer state "
+                                          "(save_weights_for_sampler); load it with optimizer=False")
+            return record
+
+        if body.get("model_id") is not None:
+            def call(model: Model) -> APIFuture:
+                record = checkpoint()
+                load = model.client.load_state_with_optimizer if with_optimizer else model.client.load_state
+                return load(record.folder)
+
+            return self._model_call(tenant, body.get("model_id"), _opt_int(body, "seq_id"), "load_weights", call,
+                                    lambda model, _: Outcome(json={"type": "load_weights", "path": path}))
+        session = self._session(tenant, body.get("session_id"))
+        seq = _int(body, "model_seq_id")
+        record = checkpoint()
+        source = self.store.run(tenant, record.run_id)
+        if source is None:
+            raise NotFound(f"no training run {record.run_id!r} for checkpoint {path}")
+        lora = LoraConfig(rank=source.lora_rank, train_mlp=source.train_mlp, train_attn=source.train_attn,
+                          train_unembed=source.train_unembed) if source.lora_rank else None
+        run = Run(_model_id(session, seq), tenant, source.base_model, source.lora_rank, source.train_mlp,
+                  source.train_attn, source.train_unembed, user_metadata=_str_dict(body.get("user_metadata"))
+                  or source.user_metadata)
+
+        def start(future):
+            model = self._new_model(session, seq, run, next_seq=1)
+            self._work.submit(self._place, model, lora, future, (record, with_optimizer))
+            return lambda: model.sequencer.waiting_for(None) or "loading the checkpoint"
+
+        request_id, _ = self._enqueue(tenant, session, ("load_weights_create", session.session_id, seq), start)
+        return request_id
+
+    def _checkpoint(self, tenant: str, path: Any) -> CheckpointRecord:
+        run_id, kind, name = parse_tinker_path(path)
+        record = self.store.checkpoint(tenant, run_id, kind, name)
+        if record is None:
+            raise NotFound(f"no checkpoint {path!r}")
+        return record
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def _new_sampler(self, session: Session, seq: int, base_model: str, model_path: str | None) -> Sampler:
+        with self._lock:
+            if seq in session.samplers:
+                raise errors.InvalidInput(f"sampling_session_seq_id={seq} is already a sampler of session "
+                                          f"{session.session_id!r}")
+            sampler_id = f"{session.session_id}:sample:{seq}"
+            seed_base = _seed(str(seq), model_path.rsplit("/", 1)[-1] if model_path else base_model)
+            sampler = Sampler(sampler_id, session.tenant, session.session_id, base_model, model_path, seed_base)
+            self.samplers[sampler_id] = sampler
+            session.samplers[seq] = sampler_id
+        return sampler
+
+    def create_sampling_session(self, tenant: str, body: dict) -> concurrent.futures.Future:
+        """Direct (not a future): the SDK waits for the id. Returns a future of the JSON answer."""
+        session = self._session(tenant, body.get("session_id"))
+        seq = _int(body, "sampling_session_seq_id")
+        with self._lock:
+            known = session.samplers.get(seq)
+        if known is not None:  # a retried creation
+            return _done({"type": "create_sampling_session", "sampling_session_id": known})
+        model_path, base_model = body.get("model_path"), body.get("base_model")
+        if model_path is not None:
+            record = self._checkpoint(tenant, model_path)
+            run = self.store.run(tenant, record.run_id)
+            base_model = run.base_model if run else base_model
+            snapshot = self._snapshots.get((tenant, model_path))
+        else:
+            self._folder(base_model)
+            record, snapshot = None, None
+        sampler = self._new_sampler(session, seq, base_model, model_path)
+
+        def build():
+            if snapshot is not None and _alive(self.cluster, snapshot):
+                sampler.client = SamplingClient(self.cluster, snapshot, sampler.seed_base)
+            else:
+                folder = record.folder if record is not None else self._folder(base_model)
+                name = f"sampler:{seq}"
+                sampler.client = session.client.create_sampling_client(folder, name=name, seed=sampler.seed_base)
+            sampler.ready.set_result(None)
+            return {"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id}
+
+        answer = self._work.submit(build)
+        answer.add_done_callback(lambda f: f.exception() and not sampler.ready.done()
+                                 and sampler.ready.set_exception(f.exception()))
+        return answer
+
+    def sampler_info(self, tenant: str, sampler_id: str) -> dict:
+        sampler = self._sampler(tenant, sampler_id)
+        return {"sampler_id": sampler.sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+
+    def _sampler(self, tenant: str, sampler_id: Any) -> Sampler:
+        return _owned(self.samplers, tenant, sampler_id, "sampling session")
+
+    def sample(self, tenant: str, body: dict) -> dict:
+        sampler_id = body.get("sampling_session_id")
+        if sampler_id is None:
+            raise BadRequest("asample needs 'sampling_session_id' (create one with create_sampling_session)")
+        sampler = self._sampler(tenant, sampler_id)
+        session = self._session(tenant, sampler.session_id)
+        seq = _opt_int(body, "seq_id")
+        for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(unsupported):
+                raise errors.InvalidInput(f"{unsupported}={body[unsupported]!r}; PlexRL does not compute top-k "
+                                          "log-probs: expected 0")
+        if body.get("target_prompt_logprobs") is not None:
+            raise errors.InvalidInput("target_prompt_logprobs is not supported by PlexRL; expected None")
+        prompt: ModelInput = wire.model_input(body.get("prompt"))
+        params = wire.sampling_params(body.get("sampling_params") or {})
+        if body.get("record_stability_info"):
+            raise errors.InvalidInput("record_stability_info=True (for the stable_reinforce loss) is not supported by "
+                                      "PlexRL; train with loss_fn importance_sampling, ppo, cispo or dro")
+        if params.seed is None:
+            params = type(params)(**{**params.__dict__, "seed": sampler.next_seed(prompt.to_ints(), seq)})
+        num_samples = body.get("num_samples", 1)
+        with_prompt = bool(body.get("prompt_logprobs") or False)
+        box: dict[str, Any] = {}
+
+        def submit(future):
+            def go(_):
+                if sampler.ready.exception() is not None:
+                    _resolve(future, Outcome.failed(sampler.ready.exception()))
+                    return
+                api_future = sampler.client.sample(prompt, num_samples, params, include_prompt_logprobs=with_prompt)
+                box["submitted"] = True
+                api_future.add_done_callback(lambda done: self._work.submit(_finish_sample, done, future))
+
+            sampler.ready.add_done_callback(go)
+            return lambda: ("queued in the runtime" if box.get("submitted")
+                            else "the sampling session's model is being loaded")
+
+        request_id, _ = self._enqueue(tenant, session, ("sample", sampler_id, seq) if seq is not None else None,
+                                      submit)
+        count = num_samples if isinstance(num_samples, int) and num_samples > 0 else 0
+        return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(count)]}
+
+    # -- runs, checkpoints (REST) -----------------------------------------------------------------
+    def training_run(self, tenant: str, run_id: str) -> dict:
+        run = self.store.run(tenant, run_id)
+        if run is None:
+            raise NotFound(f"no training run {run_id!r}")
+        return self._run_json(run)
+
+    def _run_json(self, run: Run) -> dict:
+        last = self.store.last_checkpoint(run.tenant, run.run_id, "weights")
+        last_sampler = self.store.last_checkpoint(run.tenant, run.run_id, "sampler_weights")
+        return {"training_run_id": run.run_id, "base_model": run.base_model, "model_owner": run.tenant,
+                "is_lora": run.lora_rank > 0, "corrupted": False, "lora_rank": run.lora_rank or None,
+                "last_request_time": _iso(run.last_request),
+                "last_checkpoint": None if last is None else _checkpoint_json(last),
+                "last_sampler_checkpoint": None if last_sampler is None else _checkpoint_json(last_sampler),
+                "user_metadata": run.user_metadata}
+
+    def training_runs(self, tenant: str, limit: int, offset: int) -> dict:
+        runs, total = self.store.runs(tenant, limit, offset)
+        return {"training_runs": [self._run_json(run) for run in runs],
+                "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+
+    def checkpoints(self, tenant: str, run_id: str) -> dict:
+        if self.store.run(tenant, run_id) is None:
+            raise NotFound(f"no training run {run_id!r}")
+        records = self.store.checkpoints(tenant, run_id)
+        return {"checkpoints": [_checkpoint_json(r) for r in records],
+                "cursor": {"offset": 0, "limit": len(records), "total_count": len(records)}}
+
+    def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
+        kind, _, name = checkpoint_id.partition("/")
+        if kind not in KINDS or not name:
+            raise NotFound(f"no checkpoint {checkpoint_id!r}; expected weights/NAME or sampler_weights/NAME")
+        if not self.store.delete_checkpoint(tenant, run_id, kind, name):
+            raise NotFound(f"no checkpoint tinker://{run_id}/{checkpoint_id}")
+        with self._lock:
+            self._snapshots.pop((tenant, f"tinker://{run_id}/{checkpoint_id}"), None)
+
+    def weights_info(self, tenant: str, body: dict) -> dict:
+        record = self._checkpoint(tenant, body.get("tinker_path"))
+        run = self.store.run(tenant, record.run_id)
+        if run is None:
+            raise NotFound(f"no training run {record.run_id!r}")
+        return {"base_model": run.base_model, "is_lora": run.lora_rank > 0, "lora_rank": run.lora_rank or None,
+                "train_unembed": run.train_unembed if run.lora_rank else None,
+                "train_mlp": run.train_mlp if run.lora_rank else None,
+                "train_attn": run.train_attn if run.lora_rank else None}
+
+    def capabilities(self) -> dict:
+        models = []
+        for name, folder in sorted(self.served.items()):
+            models.append({"model_name": name, "max_context_length": _context(folder), "trainable": True,
+                           "sampleable": True})
+        return {"supported_models": models}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _owned(table: dict, tenant: str, key: Any, what: str):
+    """`table[key]` when it is the tenant's; NotFound otherwise, the same for another tenant's
+    record as for one that does not exist."""
+    record = table.get(key) if isinstance(key, str) else None
+    if record is None or record.tenant != tenant:
+        raise NotFound(f"no {what} {key!r}")
+    return record
+
+
+def _resolve(future: concurrent.futures.Future, outcome: Outcome) -> None:
+    if not future.done():
+        future.set_result(outcome)
+
+
+def _done(value) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def _as_api(call: Callable[[Model], concurrent.futures.Future]) -> Callable[[Model], APIFuture]:
+    """A service-thread future as an APIFuture (for calls that are several runtime calls)."""
+    def wrapped(model: Model) -> APIFuture:
+        api = APIFuture()
+        inner = call(model)
+        inner.add_done_callback(lambda f: api.set_exception(f.exception()) if f.exception() else api.set_result(f.result()))
+        return api
+
+    return wrapped
+
+
+def _finish_call(done: APIFuture, model: Model, finish: Callable[[Model, Any], Outcome], future) -> None:
+    try:
+        outcome = finish(model, done.result())
+    except Exception as exc:
+        outcome = Outcome.failed(exc)
+    _resolve(future, outcome)
+
+
+def _finish_sample(done: APIFuture, future) -> None:
+    try:
+        outcome = Outcome(proto=wire.encode_sample_response(done.result()))
+    except Exception as exc:
+        outcome = Outcome.failed(exc)
+    _resolve(future, outcome)
+
+
+def _alive(cluster, handle: StateHandle) -> bool:
+    try:
+        return handle.state_id in cluster.residency()
+    except Exception:
+        return False
+
+
+def parse_tinker_path(path: Any) -> tuple[str, str, str]:
+    if not isinstance(path, str) or not path.startswith("tinker://"):
+        raise errors.InvalidInput(f"path={path!r}; expected tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
+    parts = path[len("tinker://"):].split("/")
+    if len(parts) != 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
+        raise errors.InvalidInput(f"path={path!r}; expected tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
+    return parts[0], parts[1], parts[2]
+
+
+def _check_checkpoint_name(name: Any) -> None:
+    from plexrl.api import validation
+
+    validation.check_checkpoint_name(name)
+
+
+def _model_id(session: Session, seq: int) -> str:
+    return f"{session.session_id}:train:{seq}"
+
+
+def _int(body: dict, name: str) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"{name}={value!r}; expected an integer >= 0")
+    return value
+
+
+def _opt_int(body: dict, name: str) -> int | None:
+    return None if body.get(name) is None else _int(body, name)
+
+
+def _lora(config: Any) -> LoraConfig | None:
+    """Tinker's lora_config as PlexRL's; rank 0 (or no lora_config) is a full-parameter model."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise BadRequest(f"lora_config={config!r}; expected an object with 'rank'")
+    rank = config.get("rank")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise errors.InvalidInput(f"lora_config.rank={rank!r}; expected an integer >= 1 (or 0 for full-parameter training)")
+    if rank == 0:
+        return None
+    seed = config.get("seed")
+    return LoraConfig(rank=rank, seed=0 if seed is None else seed, train_mlp=config.get("train_mlp", True),
+                      train_attn=config.get("train_attn", True), train_unembed=config.get("train_unembed", True))
+
+
+def _lora_flags(lora: LoraConfig | None) -> tuple[bool, bool, bool]:
+    if lora is None:
+        return True, True, True
+    return lora.train_mlp, lora.train_attn, lora.train_unembed
+
+
+def _str_dict(value: Any) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest(f"user_metadata={value!r}; expected an object of strings")
+    return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
+
+
+def _token_bytes(tokens: list[int]) -> bytes:
+    return ",".join(map(str, tokens)).encode()
+
+
+def _seed(*parts: str) -> int:
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _arch(folder: str) -> str:
+    import json
+
+    try:
+        return (json.loads((Path(folder) / "config.json").read_text()).get("architectures") or ["unknown"])[0]
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def _context(folder: str) -> int | None:
+    import json
+
+    try:
+        return json.loads((Path(folder) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+
+
+def _iso(seconds: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+
+
+def _checkpoint_json(record: CheckpointRecord) -> dict:
+    return {"checkpoint_id": f"{record.kind}/{record.name}",
+            "checkpoint_type": "training" if record.kind == "weights" else "sampler",
+            "time": _iso(record.time), "tinker_path": record.tinker_path, "size_bytes": record.size_bytes,
+            "public": False, "user_metadata": record.user_metadata}
+
