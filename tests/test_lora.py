@@ -139,7 +139,7 @@ def test_two_tenants_share_one_device_and_stay_independent(tiny_model):
         with pytest.raises(errors.StateTooLarge, match="weights, gradients and Adam moments, float32"):
             c.service_client(job="full").create_training_client(tiny_model)
     with plexrl.LocalCluster(devices=1, device_memory_bytes=base_bytes + adapter - 4096) as c:
-        with pytest.raises(errors.StateTooLarge, match=f"next to {base_bytes:,} bytes of shared frozen base weights"):
+        with pytest.raises(errors.StateTooLarge, match=f"next to {base_bytes:,} bytes of shared frozen LoRA base weights"):
             c.service_client(job="tight").create_lora_training_client(tiny_model, rank=4)
     with plexrl.LocalCluster(devices=1, device_memory_bytes=base_bytes + adapter + 4096) as c:
         job = c.service_client(job="ref")

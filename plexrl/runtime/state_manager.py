@@ -324,11 +324,9 @@ def check_budgets(name: str, job: str, trainable: bool, device_bytes: int, host_
                   host_budget: int, shared_bytes: int = 0) -> None:
     """StateTooLarge unless a state of these sizes fits the budgets when nothing else is there
     but `shared_bytes` of shared LoRA bases (counted once on each budget)."""
-    what = "weights, gradients and Adam moments" if trainable else "weights"
+    what = ("weights, gradients and Adam moments" if trainable else "weights") + ", float32"
     if shared_bytes:
-        what = f"adapter {what}, float32, next to {shared_bytes:,} bytes of shared frozen base weights"
-    else:
-        what += ", float32"
+        what += f", next to {shared_bytes:,} bytes of shared frozen LoRA base weights"
     if device_bytes + shared_bytes > device_budget:
         raise errors.StateTooLarge(
             f"model {name!r} of job {job!r} needs {device_bytes + shared_bytes:,} device bytes ({what}) but a "
