@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -97,6 +98,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def build_parser() -> argparse.ArgumentParser:
     from plexrl.engines import add_engine_option
 
@@ -154,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(store.close)
         service = Service(cluster, store, models, tenants, limits)
         stack.callback(service.close)
-        server = Server(create_app(service, args.max_body_mib << 20), args.host, args.port)
+        server = Server(create_app(service, args.max_body_mib << 20), args.host, args.port).start()
         print(f"plexrl serve: {server.url} ({args.engine} engine, {args.devices} devices; models: "
               f"{', '.join(sorted(models))}; state in {state_dir})", flush=True)
-        server.start()
+        signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: sessions finished, workers closed
         try:
             server._thread.join()
         except KeyboardInterrupt:
