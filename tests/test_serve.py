@@ -425,3 +425,54 @@ def test_lora_training_clients_share_the_base(world):
         again = client.create_training_client_from_state_with_optimizer(path).result(T)
         assert again.get_info().is_lora
         assert np.array_equal(logprobs_of(again, [datum(ids)])[0], trained)
+
+
+def test_forward_backward_custom_runs_its_loss_client_side(world):
+    """The SDK's custom loss: a forward, the loss and its gradient in the caller's process, then
+    a cross_entropy backward with the gradient as (possibly negative) per-token weights. A custom
+    loss of -sum(logprobs) must update the weights exactly as cross_entropy does."""
+    import torch
+
+    ids = encode(world, "8+8=16")
+
+    def neg_sum(data, logprobs):
+        loss = -sum(lp.sum() for lp in logprobs)
+        return loss, {"custom_loss:sum": float(loss.detach())}
+
+    results = []
+    with sdk(world) as client:
+        for custom in (True, False):
+            training = client.create_lora_training_client(world["model"], rank=0).result(T)
+            if custom:
+                out = training.forward_backward_custom([datum(ids)], neg_sum).result(T)
+                assert "custom_loss:sum" in out.metrics
+            else:
+                training.forward_backward([datum(ids)], "cross_entropy").result(T)
+            training.optim_step(types.AdamParams(learning_rate=1e-2)).result(T)
+            results.append(logprobs_of(training, [datum(ids)])[0])
+    assert torch.allclose(torch.from_numpy(results[0]), torch.from_numpy(results[1]), atol=1e-6)
+
+
+def test_a_request_waiting_for_room_says_so_and_runs_when_room_is_made(tmp_path, tiny_model):
+    """One device with room for one trainer: a second session's model waits for admission; its
+    polls answer try-again with a reason that says so, and it is created once the first session
+    finishes."""
+    from plexrl.models.tiny import parameter_count
+
+    room = parameter_count(tiny_model) * 16 * 3 // 2  # a trainer is 16 bytes a parameter
+    with LocalCluster(devices=1, device_memory_bytes=room, host_memory_bytes=room,
+                      checkpoint_dir=str(tmp_path / "scratch")) as cluster:
+        service = Service(cluster, Store(tmp_path / "state"), {tiny_model: tiny_model}, Tenants(),
+                          Limits(poll_hold_s=0.3))
+        with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
+            body = lambda s: {"session_id": s, "model_seq_id": 0, "base_model": tiny_model,  # noqa: E731
+                              "lora_config": {"rank": 0}}
+            first, second = _session(h), _session(h)
+            assert "model_id" in _result(h, h.post("/api/v1/create_model", json=body(first)).json()["request_id"]).json()
+            waiting = h.post("/api/v1/create_model", json=body(second)).json()["request_id"]
+            poll = h.post("/api/v1/retrieve_future", json={"request_id": waiting}).json()
+            assert poll["type"] == "try_again" and poll["queue_state"] == "paused_capacity"
+            assert "room" in poll["queue_state_reason"]
+            h.post(f"/api/v1/sessions/{first}/finish", json={})
+            assert _result(h, waiting).json()["model_id"] == f"{second}:train:0"
+        service.close()
