@@ -254,3 +254,42 @@ def test_migration_checkpoints_and_event_log_are_the_same_on_every_engine(engine
 
     written = [json.loads(line) for line in (tmp_path / "moved" / "events.jsonl").read_text().splitlines()]
     assert sorted(map(json.dumps, written)) == sorted(map(json.dumps, events)), "the log file has every event"
+
+
+def test_served_over_the_network_equals_the_in_process_api(cluster, tiny_model, tmp_path):
+    """`plexrl serve` on this engine: a Tinker SDK client's training and sampling give the bits
+    the in-process API gives on the same cluster."""
+    import os
+
+    import numpy as np
+
+    tinker = pytest.importorskip("tinker")
+    from tinker import types
+
+    from plexrl.serve.app import create_app
+    from plexrl.serve.server import Server
+    from plexrl.serve.service import Limits, Service
+    from plexrl.serve.store import Store
+    from plexrl.serve.tenants import Tenants
+
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    ids = [5, 6, 7, 8, 9]
+    local = cluster.service_client(job="in-process").create_training_client(base_model=tiny_model, seed=0)
+    local.forward_backward([datum(ids)], "cross_entropy").result(TIMEOUT_S)
+    local.optim_step(plexrl.AdamParams(learning_rate=1e-2, beta2=0.95, eps=1e-12)).result(TIMEOUT_S)
+    expected = local.forward([datum(ids)], "cross_entropy").result(TIMEOUT_S).loss_fn_outputs[0]["logprobs"].to_numpy()
+
+    service = Service(cluster, Store(tmp_path), {tiny_model: tiny_model}, Tenants(), Limits(poll_hold_s=1.0))
+    with Server(create_app(service)) as server:
+        client = tinker.ServiceClient(base_url=server.url, api_key="tml-engines-0123456789abcdef")
+        remote = client.create_lora_training_client(tiny_model, rank=0).result(TIMEOUT_S)
+        wire = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
+        remote.forward_backward([wire], "cross_entropy").result(TIMEOUT_S)
+        remote.optim_step(types.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+        got = remote.forward([wire], "cross_entropy").result(TIMEOUT_S).loss_fn_outputs[0]["logprobs"]
+        assert np.array_equal(np.asarray(got.data, dtype=np.float32), expected)
+        sampler = remote.save_weights_and_get_sampling_client().result(TIMEOUT_S)
+        assert len(sampler.sample(types.ModelInput.from_ints(ids), 2, types.SamplingParams(max_tokens=3))
+                   .result(TIMEOUT_S).sequences) == 2
+        client.close("success").result(TIMEOUT_S)
+    service.close()

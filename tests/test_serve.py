@@ -476,3 +476,30 @@ def test_a_request_waiting_for_room_says_so_and_runs_when_room_is_made(tmp_path,
             h.post(f"/api/v1/sessions/{first}/finish", json={})
             assert _result(h, waiting).json()["model_id"] == f"{second}:train:0"
         service.close()
+
+
+ENDPOINTS = ("session_heartbeat", "create_model", "get_info", "forward_backward", "forward",
+             "optim_step", "save_weights", "load_weights", "save_weights_for_sampler", "create_sampling_session",
+             "asample", "retrieve_future", "weights_info", "client/config")
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                     max_leaves=8)
+_fields = st.dictionaries(st.sampled_from(["session_id", "model_id", "model_seq_id", "seq_id", "base_model", "path",
+                                           "request_id", "sampling_session_id", "sampling_session_seq_id", "prompt",
+                                           "sampling_params", "adam_params", "lora_config", "num_samples",
+                                           "optimizer", "tinker_path", "model_path"]), _json, max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(endpoint=st.sampled_from(ENDPOINTS), body=_fields | _json, raw=st.binary(max_size=64), as_raw=st.booleans())
+def test_no_input_gets_a_500_or_hangs(world, endpoint, body, raw, as_raw):
+    with http(world) as h:
+        if as_raw:
+            answer = h.post(f"/api/v1/{endpoint}", content=raw, headers={"content-type": "application/x-protobuf"})
+        else:
+            answer = h.post(f"/api/v1/{endpoint}", json=body)
+    assert answer.status_code < 500, (endpoint, body, answer.text)
+    assert answer.content  # never an empty body
