@@ -503,3 +503,24 @@ def test_no_input_gets_a_500_or_hangs(world, endpoint, body, raw, as_raw):
             answer = h.post(f"/api/v1/{endpoint}", json=body)
     assert answer.status_code < 500, (endpoint, body, answer.text)
     assert answer.content  # never an empty body
+
+
+def test_queued_requests_past_the_tenant_limit_answer_429(world, tmp_path, tiny_model):
+    service = Service(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
+                      Limits(queued_per_tenant=3, poll_hold_s=0.3))
+    with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
+        session = _session(h)
+        created = h.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
+                                                       "base_model": tiny_model, "lora_config": {"rank": 0}})
+        model_id = _result(h, created.json()["request_id"]).json()["model_id"]
+        step = lambda n: h.post("/api/v1/optim_step", json={"model_id": model_id, "seq_id": n,  # noqa: E731
+                                                            "adam_params": {}})
+        held = [step(n) for n in (2, 3, 4)]  # all wait for seq_id 1
+        assert all(a.status_code == 200 for a in held)
+        refused = step(5)
+        assert refused.status_code == 429 and "3 requests queued" in refused.json()["detail"]
+        first = step(1)  # the call the held ones wait for is let in past the limit, or they would stall
+        assert first.status_code == 200 and "metrics" in _result(h, first.json()["request_id"]).json()
+        assert "metrics" in _result(h, held[-1].json()["request_id"]).json()
+        h.post(f"/api/v1/sessions/{session}/finish", json={})
+    service.close()

@@ -43,6 +43,7 @@ from plexrl.api.cluster import StateHandle
 from plexrl.api.futures import APIFuture
 from plexrl.api.types import LoraConfig, ModelInput
 from plexrl.serve import wire
+from plexrl.serve.sequencer import Sequencer
 from plexrl.serve.store import KINDS, CheckpointRecord, Run, Store, folder_bytes
 from plexrl.serve.tenants import Tenants
 
@@ -115,64 +116,6 @@ class Pending:
     session_id: str
     future: concurrent.futures.Future  # of Outcome
     waiting_for: Callable[[], str]  # what it waits for now (try-again's queue_state_reason)
-
-
-# ---------------------------------------------------------------------------- ordering
-
-class Sequencer:
-    """Runs one model's submissions in seq_id order, once the model exists."""
-
-    def __init__(self, next_seq: int, gap_s: float, clock: Callable[[], float]):
-        self.next_seq = next_seq
-        self.gap_s = gap_s
-        self.clock = clock
-        self.ready = False
-        self.held: dict[int, Callable[[], None]] = {}
-        self._since = clock()  # when the sequencer last moved
-        self._lock = threading.RLock()
-
-    def arrive(self, seq: int | None, start: Callable[[], None]) -> None:
-        with self._lock:
-            if seq is None or seq < self.next_seq:  # unnumbered, or after a skipped gap: now
-                self.held[min(self.held, default=self.next_seq) - 1 if seq is None else seq] = start
-                if self.ready:
-                    self._run_late()
-                return
-            self.held[seq] = start
-            self.drain()
-
-    def open(self) -> None:
-        with self._lock:
-            self.ready = True
-            self._since = self.clock()
-            self._run_late()
-            self.drain()
-
-    def _run_late(self) -> None:
-        for seq in sorted(s for s in self.held if s < self.next_seq):
-            self.held.pop(seq)()
-
-    def drain(self) -> None:
-        with self._lock:
-            if not self.ready:
-                return
-            if self.held and self.next_seq not in self.held and self.clock() - self._since > self.gap_s:
-                log.warning("seq_id %d never arrived in %.0f s; going on with %d", self.next_seq, self.gap_s,
-                            min(self.held))
-                self.next_seq = min(self.held)
-            while self.next_seq in self.held:
-                start = self.held.pop(self.next_seq)
-                self.next_seq += 1
-                self._since = self.clock()
-                start()
-
-    def waiting_for(self, seq: int | None) -> str | None:
-        with self._lock:
-            if not self.ready:
-                return "the model is being placed and loaded (waiting for room on the cluster)"
-            if seq is not None and seq in self.held:
-                return f"waiting for request seq_id={self.next_seq} of this model (a model's requests run in order)"
-            return None
 
 
 # ---------------------------------------------------------------------------- records
@@ -349,17 +292,19 @@ class Service:
 
     # -- futures ----------------------------------------------------------------------------------
     def _enqueue(self, tenant: str, session: Session, key: tuple | None,
-                 submit: Callable[[concurrent.futures.Future], Callable[[], str]]) -> tuple[str, bool]:
+                 submit: Callable[[concurrent.futures.Future], Callable[[], str]],
+                 unblocks: bool = False) -> tuple[str, bool]:
         """A new request (or the one already made under `key`): (request id, whether it is new).
         `submit(future)` starts the work, resolving `future` with an Outcome, and returns what
-        tells the request's state."""
+        tells the request's state. A request that `unblocks` queued ones (the seq_id they wait
+        for) is let in past the tenant's limit: refusing it would stall them."""
         with self._lock:
             if key is not None:
                 known = self._keys.get((tenant, *key))
                 if known is not None and known in self.pending:
                     return known, False
             queued = sum(1 for p in self.pending.values() if p.tenant == tenant and not p.future.done())
-            if queued >= self.limits.queued_per_tenant:
+            if queued >= self.limits.queued_per_tenant and not unblocks:
                 raise TooMany(f"tenant {tenant!r} has {queued} requests queued, the most this server allows "
                               f"({self.limits.queued_per_tenant}); wait for some to finish")
             request_id = f"r{next(self._ids)}-{secrets.token_hex(4)}"
@@ -489,7 +434,8 @@ class Service:
             return lambda: (model.sequencer.waiting_for(seq) or self._runtime_state(model, state["submitted"]))
 
         self.store_touch(model)
-        request_id, _ = self._enqueue(tenant, session, (kind, model.model_id, seq) if seq is not None else None, start)
+        request_id, _ = self._enqueue(tenant, session, (kind, model.model_id, seq) if seq is not None else None, start,
+                                      unblocks=seq is not None and seq == model.sequencer.next_seq)
         return request_id
 
     def store_touch(self, model: Model) -> None:
