@@ -26,6 +26,29 @@ def test_bench_dispatch_json(capsys):
     assert out["decision_us_p99"] >= out["decision_us_p50"] > 0
 
 
+SERVE_MEASURED = {f"{name}_ms_{stat}" for name in ("inprocess", "sdk", "raw_http", "wakeup", "echo")
+                  for stat in ("mean", "p50", "p95")} | {
+    "sdk_rps_8_clients", "echo_rps_8_clients", "sdk_round_trips_per_call", "raw_round_trips_per_call",
+    "protocol_http_floor_ms", "added_ratio_to_echo", "wakeup_ratio_to_echo", "sdk_rps_ratio_to_echo"}
+SERVE_DIFFERENCES = {"added_ms", "sdk_client_side_ms", "protocol_ms", "protocol_service_ms"}
+
+
+def test_bench_serve_json(capsys):
+    import math
+
+    out = run_json(capsys, ["bench", "serve", "--quick", "--json"])
+    assert SERVE_MEASURED | SERVE_DIFFERENCES | {"call", "calls"} <= set(out)
+    assert out["calls"] > 0
+    for key in SERVE_MEASURED:
+        assert math.isfinite(out[key]) and out[key] > 0, (key, out[key])
+    # differences of two measured means: finite, and the split adds up, but either sign is possible on a busy machine
+    for key in SERVE_DIFFERENCES:
+        assert math.isfinite(out[key]), (key, out[key])
+    assert math.isclose(out["added_ms"], out["sdk_client_side_ms"] + out["protocol_ms"], rel_tol=1e-9, abs_tol=1e-9)
+    assert out["sdk_round_trips_per_call"] >= 2, "the SDK POSTs, then polls retrieve_future at least once"
+    assert out["raw_http_ms_p95"] >= out["raw_http_ms_p50"]
+
+
 def test_unknown_command_is_a_clear_error(capsys):
     assert main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err

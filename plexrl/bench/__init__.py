@@ -10,6 +10,7 @@ BENCHES = {
     "dispatch": "plexrl.bench.dispatch",
     "placement": "plexrl.bench.placement",
     "faults": "plexrl.bench.faults",
+    "serve": "plexrl.bench.serve",
     "ray": "plexrl.engines.ray_bench",
 }
 
