@@ -524,3 +524,26 @@ def test_queued_requests_past_the_tenant_limit_answer_429(world, tmp_path, tiny_
         assert "metrics" in _result(h, held[-1].json()["request_id"]).json()
         h.post(f"/api/v1/sessions/{session}/finish", json={})
     service.close()
+
+
+def test_retrieved_results_are_dropped_after_the_retention_time(world, tmp_path, tiny_model):
+    now = [0.0]
+    service = Service(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
+                      Limits(retention_s=60, session_timeout_s=1e9, poll_hold_s=0.3), clock=lambda: now[0])
+    with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
+        session = _session(h)
+        created = h.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
+                                                       "base_model": tiny_model, "lora_config": {"rank": 0}})
+        request_id = created.json()["request_id"]
+        assert "model_id" in _result(h, request_id).json()
+        now[0] = 59.0
+        threading.Event().wait(1.5)  # a reaper round
+        assert "model_id" in _result(h, request_id).json()  # a second poll (after a lost answer) still gets it
+        now[0] = 61.0
+        for _ in range(50):
+            if request_id not in service.pending:
+                break
+            threading.Event().wait(0.1)
+        assert h.post("/api/v1/retrieve_future", json={"request_id": request_id}).status_code == 404
+        h.post(f"/api/v1/sessions/{session}/finish", json={})
+    service.close()

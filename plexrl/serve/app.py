@@ -210,6 +210,7 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> FastAP
             return {"type": "try_again", "request_id": pending.request_id, "queue_state": state,
                     "queue_state_reason": reason}
         outcome: Outcome = waiter.result()
+        service.retrieved(pending)
         if outcome.proto is not None:
             return Response(outcome.proto, media_type=PROTOBUF)
         if outcome.error is not None:

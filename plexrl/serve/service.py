@@ -116,6 +116,8 @@ class Pending:
     session_id: str
     future: concurrent.futures.Future  # of Outcome
     waiting_for: Callable[[], str]  # what it waits for now (try-again's queue_state_reason)
+    created: float = 0.0
+    retrieved_at: float | None = None  # when its result was first answered to a poll
 
 
 # ---------------------------------------------------------------------------- records
@@ -129,6 +131,7 @@ class Model:
     sequencer: Sequencer
     client: TrainingClient | None = None  # set once placed
     syncs: int = 0  # sampler snapshots made
+    last_touch: float = float("-inf")  # when its run's last request time was last written
     failed: BaseException | None = None  # placing it failed: every call fails with this
 
 
@@ -179,6 +182,8 @@ class Limits:
     session_timeout_s: float = 120.0  # a session without heartbeats this long is finished
     poll_hold_s: float = 25.0  # retrieve_future holds a poll this long before try-again (< 45 s)
     gap_s: float = 30.0  # a model's missing seq_id is waited for this long
+    retention_s: float = 300.0  # a result is kept this long after it was retrieved (the SDK may poll again after
+    # a transport error, and a retried submission returns it); one never retrieved, 12 times as long
 
 
 class Service:
@@ -201,6 +206,7 @@ class Service:
         self.samplers: dict[str, Sampler] = {}
         self.pending: dict[str, Pending] = {}
         self._keys: dict[tuple, str] = {}  # (tenant, kind, natural key...) -> request id
+        self._queued: dict[str, int] = {}  # tenant -> requests submitted and not finished
         self._snapshots: dict[tuple[str, str], StateHandle] = {}  # (tenant, tinker path) -> sampler snapshot
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
@@ -289,6 +295,7 @@ class Service:
                 models = list(self.model_table.values())
             for model in models:
                 model.sequencer.drain()  # skips a seq_id gap that outlived gap_s
+            self._expire(now)
 
     # -- futures ----------------------------------------------------------------------------------
     def _enqueue(self, tenant: str, session: Session, key: tuple | None,
@@ -303,21 +310,43 @@ class Service:
                 known = self._keys.get((tenant, *key))
                 if known is not None and known in self.pending:
                     return known, False
-            queued = sum(1 for p in self.pending.values() if p.tenant == tenant and not p.future.done())
+            queued = self._queued.get(tenant, 0)
             if queued >= self.limits.queued_per_tenant and not unblocks:
                 raise TooMany(f"tenant {tenant!r} has {queued} requests queued, the most this server allows "
                               f"({self.limits.queued_per_tenant}); wait for some to finish")
             request_id = f"r{next(self._ids)}-{secrets.token_hex(4)}"
             future: concurrent.futures.Future = concurrent.futures.Future()
-            pending = Pending(request_id, tenant, session.session_id, future, lambda: "queued")
+            pending = Pending(request_id, tenant, session.session_id, future, lambda: "queued", self.clock())
             self.pending[request_id] = pending
             if key is not None:
                 self._keys[(tenant, *key)] = request_id
+            self._queued[tenant] = queued + 1
+        future.add_done_callback(lambda _: self._finished_one(tenant))
         try:
             pending.waiting_for = submit(future)
         except Exception as exc:
             _resolve(future, Outcome.failed(exc))
         return request_id, True
+
+    def _finished_one(self, tenant: str) -> None:
+        with self._lock:
+            self._queued[tenant] -= 1
+
+    def retrieved(self, pending: Pending) -> None:
+        """A poll answered the request's result: it is kept `retention_s` more, then dropped."""
+        if pending.retrieved_at is None:
+            pending.retrieved_at = self.clock()
+
+    def _expire(self, now: float) -> None:
+        keep = self.limits.retention_s
+        with self._lock:
+            old = [p.request_id for p in self.pending.values() if p.future.done() and (
+                (p.retrieved_at is not None and now - p.retrieved_at > keep)
+                or (p.retrieved_at is None and now - p.created > 12 * keep))]
+            for request_id in old:
+                del self.pending[request_id]
+            if old:
+                self._keys = {k: v for k, v in self._keys.items() if v in self.pending}
 
     def failed(self, tenant: str, exc: BaseException) -> str:
         """A request refused before it started (bad input): its future fails with the message."""
@@ -325,7 +354,7 @@ class Service:
         future.set_result(Outcome.failed(exc))
         with self._lock:
             request_id = f"r{next(self._ids)}-{secrets.token_hex(4)}"
-            self.pending[request_id] = Pending(request_id, tenant, "", future, lambda: "failed")
+            self.pending[request_id] = Pending(request_id, tenant, "", future, lambda: "failed", self.clock())
         return request_id
 
     def future(self, tenant: str, request_id: Any) -> Pending:
@@ -439,10 +468,18 @@ class Service:
         return request_id
 
     def store_touch(self, model: Model) -> None:
+        """The run's last request time, written at most once a second a model, off the caller's thread."""
+        now = self.clock()
+        if now - model.last_touch < 1.0:
+            return
+        model.last_touch = now
+        self._work.submit(self._touch, model.run.run_id)
+
+    def _touch(self, run_id: str) -> None:
         try:
-            self.store.touch_run(model.run.run_id)
-        except Exception:  # a busy database must not fail a call; the next touch catches up
-            pass
+            self.store.touch_run(run_id)
+        except Exception as exc:  # a busy database must not fail a call; the next touch catches up
+            log.warning("recording the last request of %s: %s", run_id, exc)
 
     def _runtime_state(self, model: Model, submitted: bool) -> str:
         if not submitted:
