@@ -437,9 +437,12 @@ class Service:
                 "is_lora": model.run.lora_rank > 0, "lora_rank": model.run.lora_rank or None}
 
     def _model_call(self, tenant: str, model_id: Any, seq: int | None, kind: str,
-                    call: Callable[[Model], APIFuture], finish: Callable[[Model, Any], Outcome]) -> str:
+                    call: Callable[[Model], APIFuture], finish: Callable[[Model, Any], Outcome],
+                    inline: bool = False) -> str:
         """A call on a training model, run in seq order: `call(model)` submits it to the runtime
-        and `finish(model, result)` makes its outcome (on the thread that resolves it)."""
+        and `finish(model, result)` makes its outcome: on the runtime's thread that delivered the
+        result when `inline` (a `finish` that only encodes), else on a service thread (one that
+        moves files or waits for another call)."""
         model = self._model(tenant, model_id)
         session = self._session(tenant, model.session_id)
 
@@ -457,7 +460,10 @@ class Service:
                 except Exception as exc:
                     _resolve(future, Outcome.failed(exc))
                     return
-                api_future.add_done_callback(lambda done: self._work.submit(_finish_call, done, model, finish, future))
+                if inline:
+                    api_future.add_done_callback(lambda done: _finish_call(done, model, finish, future))
+                else:
+                    api_future.add_done_callback(lambda done: self._work.submit(_finish_call, done, model, finish, future))
 
             model.sequencer.arrive(seq, go)
             return lambda: (model.sequencer.waiting_for(seq) or self._runtime_state(model, state["submitted"]))
@@ -510,7 +516,7 @@ class Service:
             output = type(output)(output.loss_fn_outputs, wire.tinker_metrics(output.metrics))
             return Outcome(proto=wire.encode_forward_backward_output(output))
 
-        return self._model_call(tenant, request.model_id, request.seq_id, "forward_backward", call, finish)
+        return self._model_call(tenant, request.model_id, request.seq_id, "forward_backward", call, finish, inline=True)
 
     def optim_step(self, tenant: str, body: dict) -> str:
         # Checks of a numbered call run in its turn (inside `call`): a refused call still moves its model's sequence on.
@@ -521,7 +527,8 @@ class Service:
             self._work.submit(self._step_mark, model)
             return Outcome(json={"type": "optim_step", "metrics": wire.tinker_metrics(response.metrics)})
 
-        return self._model_call(tenant, body.get("model_id"), _opt_int(body, "seq_id"), "optim_step", call, finish)
+        return self._model_call(tenant, body.get("model_id"), _opt_int(body, "seq_id"), "optim_step", call, finish,
+                                inline=True)
 
     def _step_mark(self, model: Model) -> None:
         """A session's optim_step is its job's step boundary (profiling, checkpoints, re-placement)."""
@@ -736,7 +743,7 @@ class Service:
                     return
                 api_future = sampler.client.sample(prompt, num_samples, params, include_prompt_logprobs=with_prompt)
                 box["submitted"] = True
-                api_future.add_done_callback(lambda done: self._work.submit(_finish_sample, done, future))
+                api_future.add_done_callback(lambda done: _finish_sample(done, future))  # encodes only
 
             sampler.ready.add_done_callback(go)
             return lambda: ("queued in the runtime" if box.get("submitted")
