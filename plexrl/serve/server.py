@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         models = parse_models(args.model)
+        if not models:
+            raise errors.ConfigError("no model to serve; give --model PATH (or NAME=PATH) at least once")
         tenants = Tenants.from_file(args.api_keys) if args.api_keys else Tenants()
         if tenants.open and not _is_loopback(args.host):
             raise errors.ConfigError(f"--host {args.host} without --api-keys: a server without keys binds only a "

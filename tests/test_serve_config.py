@@ -1,0 +1,54 @@
+"""`plexrl serve`'s command line and key file: bad settings are refused before anything starts,
+with a message naming the line or flag (and never showing a key)."""
+
+from __future__ import annotations
+
+import pytest
+
+from plexrl.api import errors
+from plexrl.serve.server import main, parse_models
+from plexrl.serve.tenants import DEFAULT_TENANT, Tenants
+
+GOOD = "tml-0123456789abcdefghij"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("alice", "expected 'TENANT KEY'"),
+    (f"alice {GOOD} extra", "expected 'TENANT KEY'"),
+    ("alice not-a-tinker-key-0123456789", "must start with 'tml-'"),
+    ("alice tml-short", "at least 16 more"),
+    (f"al/ice {GOOD}", "tenant 'al/ice'"),
+    (f"alice {GOOD}\nbob {GOOD}", "also on an earlier line"),
+    ("# only a comment\n\n", "no 'TENANT KEY' lines"),
+])
+def test_bad_key_files_are_refused_by_line(tmp_path, text, message):
+    path = tmp_path / "keys"
+    path.write_text(text)
+    with pytest.raises(errors.ConfigError, match=message) as refused:
+        Tenants.from_file(path)
+    assert GOOD not in str(refused.value)  # a key is never shown
+
+
+def test_keys_map_to_their_tenants_and_nothing_else(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"# team\nalice {GOOD}\nbob {GOOD}x\n")
+    tenants = Tenants.from_file(path)
+    assert tenants.tenant_of(GOOD) == "alice" and tenants.tenant_of(GOOD + "x") == "bob"
+    assert tenants.tenant_of(GOOD[:-1]) is None and tenants.tenant_of(None) is None and tenants.tenant_of("") is None
+    assert Tenants().tenant_of(None) == DEFAULT_TENANT  # no key file: one tenant
+
+
+def test_models_are_named_by_path_or_by_name(tmp_path, tiny_model):
+    models = parse_models([tiny_model, f"small={tiny_model}"])
+    assert set(models) == {tiny_model, "small"} and len(set(models.values())) == 1
+    with pytest.raises(errors.ConfigError, match="no config.json"):
+        parse_models([str(tmp_path)])
+    with pytest.raises(errors.ConfigError, match="given twice"):
+        parse_models([f"a={tiny_model}", f"a={tiny_model}"])
+
+
+def test_without_keys_the_server_refuses_a_non_loopback_address(tiny_model, capsys):
+    assert main(["--host", "0.0.0.0", "--model", tiny_model]) == 2
+    assert "binds only a loopback address" in capsys.readouterr().err
+    assert main([]) == 2
+    assert "--model" in capsys.readouterr().err
