@@ -14,10 +14,17 @@ def run_json(capsys, argv):
 
 
 def test_bench_switch_json(capsys):
-    out = run_json(capsys, ["bench", "switch", "--json", "--size-mb", "8", "--repeats", "2"])
+    out = run_json(capsys, ["bench", "switch", "--json", "--size-mb", "8", "--repeats", "2", "--rl-steps", "2",
+                            "--device", "cpu"])
     assert {"switch_gbps", "memcpy_gbps", "ratio"} <= set(out)
     assert 0.5 * out["state_bytes"] < out["bytes_per_switch"] < 2 * out["state_bytes"], "one state loaded per switch"
     assert out["ratio"] == out["switch_gbps"] / out["memcpy_gbps"]
+    # a step's forward_backward copies the gradients back (4 B/param), its optim_step weights and moments (12):
+    # the whole state once, where writing it all back after both would copy it twice; the gradients are zeroed
+    assert out["writeback_bytes_per_step"] == out["trainer_state_bytes"]
+    assert out["writeback_zeroed_bytes_per_step"] == out["trainer_state_bytes"] / 4
+    assert out["whole_state_writeback_bytes_per_step"] == 2 * out["trainer_state_bytes"]
+    assert out["writeback_s_per_step"] > 0 and out["whole_state_writeback_s_per_step"] > 0
 
 
 def test_bench_dispatch_json(capsys):

@@ -7,6 +7,12 @@ every call is a switch: the resident state goes back to its host copy (which wri
 current: nothing to copy) and the other one is loaded (SIZE bytes in). The figure is the loaded
 bytes over the load's own time, as the runtime records it. With a CUDA device the arena is
 device memory; the reference is then the host-to-device copy.
+
+Then the write-back of an RL-like loop (weight sync, sample, log-probs, forward_backward,
+optim_step) on a trainer of about SIZE bytes (weights, gradients, both moments): the bytes and
+seconds its write-throughs take per step, against writing the whole state back after each of the
+step's two mutating calls (what write-through did before it copied only what changed: a `copy_`
+of those bytes between the same kind of buffers, measured in the same run).
 """
 
 from __future__ import annotations
@@ -54,9 +60,45 @@ def switch_gbps(nbytes: int, repeats: int, device: str) -> tuple[float, int]:
     return median([e["bytes"] / e["seconds"] for e in loads]) / 1e9, loads[-1]["bytes"]
 
 
-def memcpy_gbps(nbytes: int, repeats: int, device: str) -> float:
-    src = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=device.startswith("cuda"))
-    dst = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+def writeback_per_step(nbytes: int, steps: int, device: str) -> dict:
+    """The write-back figures of `steps` RL-like steps on a trainer of about `nbytes` (16 B/param)."""
+    import plexrl
+    from plexrl.engines.local import LocalCluster
+    from plexrl.models.tiny import make_tiny_model, parameter_count
+
+    with tempfile.TemporaryDirectory() as folder:
+        width, layers = model_shape(nbytes // 4)
+        model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
+                                intermediate_size=round(2.75 * width))
+        state_bytes = 16 * parameter_count(model)
+        with LocalCluster(devices=1, device_memory_bytes=state_bytes * 3 // 2, host_memory_bytes=3 * state_bytes,
+                          torch_device=device, workdir=f"{folder}/cluster") as cluster:
+            trainer = cluster.service_client("bench").create_training_client(model)
+            prompt = plexrl.ModelInput.from_ints([5, 6, 7])
+            for step in range(steps):
+                sampler = trainer.save_weights_and_get_sampling_client()
+                out = sampler.sample(prompt, sampling_params=plexrl.SamplingParams(max_tokens=4, seed=step)).result()
+                ids = prompt.to_ints() + out.sequences[0].tokens
+                old = sampler.compute_logprobs(plexrl.ModelInput.from_ints(ids)).result()
+                datum = plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {
+                    "target_tokens": ids[1:], "logprobs": [lp or 0.0 for lp in old[1:]],
+                    "advantages": [1.0] * (len(ids) - 1)})
+                trainer.forward_backward([datum], loss_fn="importance_sampling").result()
+                trainer.optim_step(plexrl.AdamParams(learning_rate=1e-4)).result()
+            metrics = cluster.metrics()
+    whole = 2 * state_bytes  # two mutating calls a step
+    return {"writeback_bytes_per_step": metrics["writeback_bytes"] / steps,
+            "writeback_zeroed_bytes_per_step": metrics["writeback_zeroed_bytes"] / steps,
+            "writeback_s_per_step": metrics["writeback_s"] / steps,
+            "whole_state_writeback_bytes_per_step": whole,
+            "whole_state_writeback_s_per_step": whole / (memcpy_gbps(state_bytes, 8, device, to_host=True) * 1e9),
+            "trainer_state_bytes": state_bytes}
+
+
+def memcpy_gbps(nbytes: int, repeats: int, device: str, to_host: bool = False) -> float:
+    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=device.startswith("cuda"))
+    arena = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    src, dst = (arena, host) if to_host else (host, arena)
     src.fill_(1.0)
     dst.copy_(src)  # first touch
     times = []
@@ -78,21 +120,29 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="plexrl bench switch", description=__doc__)
     parser.add_argument("--size-mb", type=int, default=256, help="bytes per state, in MiB")
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--rl-steps", type=int, default=4, help="steps of the RL-like loop whose write-back is "
+                                                                "measured (0: skip it)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="auto: the CPU, and CUDA too when present (its figures prefixed cuda_)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but no CUDA device is available; use auto or cpu")
     nbytes = args.size_mb << 20
     result = {}
-    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+    devices = {"auto": ["cpu"] + (["cuda"] if torch.cuda.is_available() else []), "cpu": ["cpu"],
+               "cuda": ["cuda"]}[args.device]
+    for device in devices:
         switch, moved = switch_gbps(nbytes, args.repeats, device)
         reference = memcpy_gbps(moved, max(args.repeats, 8), device)  # the same bytes
+        figures = {"switch_gbps": switch, "memcpy_gbps": reference, "ratio": switch / reference,
+                   "bytes_per_switch": moved}
+        if args.rl_steps > 0:
+            figures.update(writeback_per_step(nbytes, args.rl_steps, device))
         prefix = "" if device == "cpu" else "cuda_"
-        result.update({
-            f"{prefix}switch_gbps": switch,
-            f"{prefix}memcpy_gbps": reference,
-            f"{prefix}ratio": switch / reference,
-            f"{prefix}bytes_per_switch": moved,
-        })
+        result.update({prefix + key: value for key, value in figures.items()})
     result["state_bytes"] = nbytes
     result["threads"] = torch.get_num_threads()
-    emit("switch: a state's load through the runtime vs copy_ between preallocated buffers", result, args.json)
+    emit("switch: a state's load through the runtime vs copy_ between preallocated buffers; "
+         "an RL loop's write-back vs the whole state's", result, args.json)
     return 0

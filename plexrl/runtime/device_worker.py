@@ -16,7 +16,10 @@ Invariants:
 - the arena is the only device memory a state uses; host copies live in the node's shared
   buffers (host_buffers.py), never in this worker alone;
 - write-through: after a function that changes its state, the state's host copy equals its
-  device copy before the call returns, so a dying worker loses only the call in flight;
+  device copy before the call returns, so a dying worker loses only the call in flight. Only
+  the segments the function declares (functions.py: `writes`, `zeroes`) are written back, with
+  the device's write-back flag set from the first byte to the last (a death in between leaves
+  the host copy torn, and the node knows);
 - a state's Adam step count is owned by the node: it arrives with each load and leaves with each reply.
 """
 
@@ -35,7 +38,7 @@ from plexrl.policy import Tier, TransitionKind
 from plexrl.runtime import functions, lora
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.host_buffers import map_buffer, map_flags
-from plexrl.runtime.state import ModelState, load_module, skeleton_like
+from plexrl.runtime.state import FLOAT_BYTES, ModelState, load_module, skeleton_like
 
 
 class NotResident(RuntimeError):
@@ -82,6 +85,8 @@ class WorkerReply:
     writeback_s: float = 0.0
     adam_step: int = 0
     incarnation: str = ""  # which process of this device's worker answered
+    writeback_bytes: int = 0  # copied from the arena to the host copy
+    writeback_zeroed_bytes: int = 0  # zeroed on the host copy in place (segments the call left zero)
 
 
 class DeviceWorker:
@@ -135,8 +140,10 @@ class DeviceWorker:
             error = exc
         wall_s = time.perf_counter() - wall0
         device_s = wall_s if self.timing == "wall" else time.thread_time() - cpu0
-        writeback_s = self._write_through(state) if functions.FUNCTIONS[fn].mutates else 0.0
-        return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step, self.incarnation)
+        copied, zeroed = functions.FUNCTIONS[fn].write_back(ok=error is None)
+        writeback_s, written, cleared = self._write_through(state, copied, zeroed)
+        return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step, self.incarnation,
+                           writeback_bytes=written, writeback_zeroed_bytes=cleared)
 
     def prepare(self, source: str) -> None:
         """Load a source's module template ahead of its first state here (the node calls this,
@@ -200,20 +207,29 @@ class DeviceWorker:
         state.unbind()  # the node's view is authoritative; this worker keeps no stale binding
         state._resident, state.host, state.tier, state.device, state.offset = None, None, Tier.HOST, None, None
 
-    def _write_through(self, state: ModelState) -> float:
-        """Host copy := device copy, flagged while it runs (a death in between leaves it torn)."""
+    def _write_through(self, state: ModelState, copied, zeroed) -> tuple[float, int, int]:
+        """Host copy := device copy on the segments `copied`, zero on `zeroed`, flagged while it
+        runs (a death in between leaves it torn). (Seconds, bytes copied, bytes zeroed.)"""
+        copy, clear = state.spans(copied), state.spans(zeroed)
+        if not copy and not clear:
+            return 0.0, 0, 0
         t0 = time.perf_counter()
         flags = self._writeback_flags()
         if flags is not None:
             flags[self.device] = 1
+        host, device = state.host, state.current()
         if self._failpoint == "writeback":  # fault injection (tests): die with the copy half done
-            half = state.host.numel() // 2
-            state.host[:half].copy_(state.current()[:half])
+            first = (copy or clear)[0]
+            half = slice(first.start, (first.start + first.stop) // 2)
+            host[half].copy_(device[half])
             os._exit(1)
-        state.host.copy_(state.current())
+        for span in copy:
+            host[span].copy_(device[span])
+        for span in clear:
+            host[span].zero_()
         if flags is not None:
             flags[self.device] = 0
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, _nbytes(copy), _nbytes(clear)
 
     def _writeback_flags(self):
         if self._flags is None and self._flags_path is not None:
@@ -248,3 +264,7 @@ class DeviceWorker:
                                    lora=spec.lora)
                 self.states[spec.state_id] = state
             return state
+
+
+def _nbytes(spans: list[slice]) -> int:
+    return sum(span.stop - span.start for span in spans) * FLOAT_BYTES

@@ -472,7 +472,8 @@ class Front(NodeRecovery):
         self.close()
 
 
-SUMMED = ("switches", "device_busy_s", "transition_bytes", "transition_s")
+SUMMED = ("switches", "device_busy_s", "transition_bytes", "transition_s",
+          "writebacks", "writeback_bytes", "writeback_zeroed_bytes", "writeback_s")
 
 
 def piece_name(cluster: str, kind: str, index: int | None = None) -> str:

@@ -2,7 +2,12 @@
 
 Each function is declared once, here: what it runs, *where* — on a device worker with the state
 resident in its arena (`Where.DEVICE`), or on the node from the state's host copy, which
-write-through keeps current (`Where.NODE`) — and whether it changes the state (`mutates`).
+write-through keeps current (`Where.NODE`) — and which segments of the state it changes
+(`writes`; `mutates` says whether it changes any). A device function's write-through copies only
+those segments back; the segments it leaves zero when it succeeds (`zeroes`: optim_step's
+gradients) are zeroed on the host in place instead of copied (no link bytes for 4 B/param of
+zeros). A function that fails copies back every segment it may have touched, zeroed ones too:
+a refused optim_step leaves its gradients as they were.
 Clients build payloads (plain Python, numpy, the Tinker-like types; custom losses as callables,
 which cross process boundaries by cloudpickle). Every engine runs the same table.
 
@@ -30,15 +35,40 @@ class Where(enum.Enum):
     NODE = "node"  # on the node's I/O threads, on the host copy
 
 
+class Segment(enum.IntEnum):
+    """The segments of a state's flat buffer, by index (runtime/state.py's layout)."""
+
+    WEIGHTS = 0
+    GRADS = 1
+    EXP_AVG = 2
+    EXP_AVG_SQ = 3
+
+
+EVERY_SEGMENT = frozenset(Segment)
+
+
 @dataclass(frozen=True)
 class Function:
     run: Callable[..., Any] | None  # run(state, **payload); None: the node carries it out itself
     where: Where = Where.DEVICE
-    mutates: bool = False
+    mutates: bool = False  # alone (no `writes`, no `zeroes`): it may change every segment
+    writes: frozenset[Segment] = frozenset()  # segments it may change
+    zeroes: frozenset[Segment] = frozenset()  # segments it leaves all zero when it succeeds
+
+    def __post_init__(self) -> None:
+        if self.mutates and not (self.writes or self.zeroes):
+            object.__setattr__(self, "writes", EVERY_SEGMENT)
+        object.__setattr__(self, "mutates", bool(self.writes or self.zeroes))
 
     @property
     def needs_device(self) -> bool:
         return self.where is Where.DEVICE
+
+    def write_back(self, ok: bool) -> tuple[frozenset[Segment], frozenset[Segment]]:
+        """(segments to copy back, segments to zero on the host) after a call that succeeded (`ok`) or failed."""
+        if ok:
+            return self.writes - self.zeroes, self.zeroes
+        return self.writes | self.zeroes, frozenset()
 
 
 def _sample(s: ModelState, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs):
@@ -83,9 +113,11 @@ def _read_weights(s: ModelState):
 FUNCTIONS: dict[str, Function] = {
     "sample": Function(_sample),
     "compute_logprobs": Function(lambda s, tokens: execution.compute_logprobs(s.module, tokens)),
-    "forward_backward": Function(_forward_backward, mutates=True),
+    "forward_backward": Function(_forward_backward, writes=frozenset({Segment.GRADS})),
     "forward": Function(_forward_backward),
-    "optim_step": Function(lambda s, params: OptimStepResponse(checkpoint.adam_step(s, params)), mutates=True),
+    "optim_step": Function(lambda s, params: OptimStepResponse(checkpoint.adam_step(s, params)),
+                           writes=frozenset({Segment.WEIGHTS, Segment.EXP_AVG, Segment.EXP_AVG_SQ}),
+                           zeroes=frozenset({Segment.GRADS})),
     "noop": Function(lambda s: None),  # the whole request path and nothing else (benchmarks)
     "save_state": Function(_save_state, Where.NODE),
     "load_state": Function(_load_state, Where.NODE, mutates=True),

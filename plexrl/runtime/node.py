@@ -291,9 +291,10 @@ class Node:
         state.adam_step = reply.adam_step
         self.telemetry.executed(request.job, request.state_id, request.fn, device, reply.device_s, reply.wall_s)
         if request.function.mutates:  # the write-through is a host snapshot: charged like a materialization
-            write = Transition(TransitionKind.MATERIALIZE, request.state_id, state.device_bytes)
-            self.telemetry.transition(write, request.job, state.device_bytes, reply.writeback_s, self.node,
-                                      self.telemetry.now())
+            write = Transition(TransitionKind.MATERIALIZE, request.state_id, reply.writeback_bytes)
+            self.telemetry.transition(write, request.job, reply.writeback_bytes, reply.writeback_s, self.node,
+                                      self.telemetry.now(), state.device_bytes)
+            self.telemetry.wrote_back(reply.writeback_bytes, reply.writeback_zeroed_bytes, reply.writeback_s)
 
     def _check_incarnation(self, device: int, incarnation: str, loaded_now: set[str]) -> None:
         """A reply from a new worker process (the old one died between calls): whatever the node

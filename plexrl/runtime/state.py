@@ -52,6 +52,8 @@ class ModelState:
     _resident: torch.Tensor | None = field(default=None, repr=False)  # arena region while DEVICE
     lock: threading.Lock = field(default_factory=threading.Lock)
     lora: LoraConfig | None = None  # a LoRA adapter over a shared frozen base; None: full-parameter
+    sampler: str = "hf"  # what runs sample and compute_logprobs: "hf" (backends/) or "vllm" (samplers/)
+    weights_version: int = 0  # bumped when its weights are rewritten in place (a sync): a vLLM engine pushes anew
     shared_bytes: int = field(init=False)  # float32 bytes of the shared base it stands on (0 if none)
 
     def __post_init__(self) -> None:
@@ -63,14 +65,29 @@ class ModelState:
 
     @property
     def device_bytes(self) -> int:
-        return self.numel * FLOAT_BYTES * (4 if self.trainable else 1)
+        return self.numel * FLOAT_BYTES * self.segments
 
     @property
     def host_bytes(self) -> int:
         return self.device_bytes
 
+    @property
+    def segments(self) -> int:
+        return 4 if self.trainable else 1
+
     def segment(self, flat: torch.Tensor, index: int) -> torch.Tensor:
         return flat[index * self.numel : (index + 1) * self.numel]
+
+    def spans(self, indices) -> list[slice]:
+        """The element ranges of the segments `indices` this state has, adjacent ones merged
+        (weights and both moments: [0, N) and [2N, 4N))."""
+        spans: list[slice] = []
+        for i in sorted(i for i in set(indices) if 0 <= i < self.segments):
+            start, stop = i * self.numel, (i + 1) * self.numel
+            if spans and spans[-1].stop == start:
+                start = spans.pop().start
+            spans.append(slice(start, stop))
+        return spans
 
     def bind(self, flat: torch.Tensor) -> None:
         """Point every parameter (and gradient) at its place in `flat`."""

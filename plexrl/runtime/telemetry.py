@@ -23,6 +23,7 @@ class Telemetry:
         self.ledger = Ledger()
         self.bandwidth = BandwidthEstimator(bandwidth_prior)
         self.exec_estimates = ExecEstimator(exec_prior_s)
+        self.writeback = {"writebacks": 0, "writeback_bytes": 0, "writeback_zeroed_bytes": 0, "writeback_s": 0.0}
         self._lock = threading.Lock()
         self.epoch = time.time() if epoch is None else epoch
         self._t0 = time.perf_counter() - (time.time() - self.epoch)
@@ -48,6 +49,13 @@ class Telemetry:
                 self.ledger.charge_exec(job, device, seconds, wall_seconds)
             self.exec_estimates.observe(model, fn, seconds)
 
+    def wrote_back(self, copied_bytes: int, zeroed_bytes: int, seconds: float) -> None:
+        """A write-through (device_worker.py): bytes copied from the arena, bytes zeroed on the host copy."""
+        with self._lock:
+            for key, value in (("writebacks", 1), ("writeback_bytes", copied_bytes),
+                               ("writeback_zeroed_bytes", zeroed_bytes), ("writeback_s", seconds)):
+                self.writeback[key] += value
+
     def waited(self, job: str, seconds: float) -> None:
         with self._lock:
             self.ledger.record_wait(job, seconds)
@@ -71,5 +79,6 @@ class Telemetry:
     def summary(self) -> dict:
         with self._lock:
             out = self.ledger.summary()
+            out.update(self.writeback)
             out["bandwidth_gbps"] = {k: self.bandwidth.bytes_per_s(k) / 1e9 for k in ("load", "offload", "spill", "restore")}
         return out
