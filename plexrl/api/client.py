@@ -72,12 +72,16 @@ class ServiceClient:
                                        owner=self.owner, lora=lora.plain())
         return TrainingClient(self.cluster, state, seed)
 
-    def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0) -> "SamplingClient":
-        """A frozen model (reference, teacher) for sampling and log-probs."""
+    def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0,
+                               sampler: str = "hf") -> "SamplingClient":
+        """A frozen model (reference, teacher) for sampling and log-probs; `sampler="vllm"` runs
+        those on a vLLM engine (plexrl/samplers/), "hf" on the Hugging Face model."""
         validation.check_seed(seed)
+        validation.check_sampler(sampler)
         name = name or "frozen:" + re.sub(r"[^A-Za-z0-9._:-]", "_", Path(str(base_model)).name)
+        kwargs = {} if sampler == "hf" else {"sampler": sampler}  # a Cluster serving only "hf" need not know it
         state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout,
-                                       owner=self.owner)
+                                       owner=self.owner, **kwargs)
         return SamplingClient(self.cluster, state, seed)
 
     def report_step(self, step: int, **fields) -> None:
@@ -236,18 +240,20 @@ class TrainingClient(_ModelClient):
 
         return self._submit("load_state", build)
 
-    def save_weights_for_sampler(self, name: str = "sampler") -> APIFuture[StateHandle]:
-        """Weight sync: the current weights become the weights of this model's sampler `name`."""
+    def save_weights_for_sampler(self, name: str = "sampler", sampler: str = "hf") -> APIFuture[StateHandle]:
+        """Weight sync: the current weights become the weights of this model's sampler snapshot
+        `name`, which samples with `sampler` ("hf" or "vllm")."""
         def build() -> dict[str, Any]:
             validation.check_plain_name(name, "sampler name")
-            return {"name": name}
+            validation.check_sampler(sampler)
+            return {"name": name} if sampler == "hf" else {"name": name, "sampler": sampler}
 
         return self._submit("sync_weights", build)
 
-    def save_weights_and_get_sampling_client(self, name: str = "sampler") -> SamplingClient:
+    def save_weights_and_get_sampling_client(self, name: str = "sampler", sampler: str = "hf") -> SamplingClient:
         """Blocks until the weights are synced. Samplers of successive syncs draw from different
         default seed streams (explicit `SamplingParams.seed` always wins)."""
-        snapshot = self.save_weights_for_sampler(name).result()
+        snapshot = self.save_weights_for_sampler(name, sampler).result()
         self._syncs += 1
         return SamplingClient(self.cluster, snapshot, self.seed * 1_000_033 + self._syncs,
                               follows=(self.state.state_id, name))

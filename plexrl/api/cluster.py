@@ -40,6 +40,7 @@ class StateHandle:
     device_bytes: int  # the state's own bytes: a LoRA state's adapter only (its shared base is the node's)
     host_bytes: int
     lora: LoraConfig | None = None  # None: a full-parameter model
+    sampler: str = "hf"  # what runs its sample and compute_logprobs: "hf" or "vllm"
 
     @property
     def lora_rank(self) -> int:
@@ -59,10 +60,11 @@ class Cluster(Protocol):
 
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool, slack: float = 0.10,
                   admission_timeout: float | None = None, owner: int | None = None,
-                  lora: LoraConfig | None = None) -> StateHandle:
+                  lora: LoraConfig | None = None, sampler: str = "hf") -> StateHandle:
         """`owner`: the service client's number (`service_client` gives it), whose close frees it.
         `lora`: a LoRA adapter over `base_model`, whose frozen weights the cluster shares between
-        every LoRA state of that base (None: a full-parameter model)."""
+        every LoRA state of that base (None: a full-parameter model). `sampler`: what runs the
+        model's sample and compute_logprobs, "hf" or "vllm" (frozen models only)."""
         ...
 
     def submit(self, state: StateHandle, fn: str, payload: dict[str, Any] | None) -> APIFuture: ...

@@ -63,6 +63,16 @@ def check_bool(value: Any, what: str) -> None:
         raise errors.InvalidInput(f"{what}={shown(value)}; expected True or False")
 
 
+SAMPLERS = ("hf", "vllm")  # what runs a model's sample and compute_logprobs (plexrl/samplers/)
+
+
+def check_sampler(sampler: Any) -> str:
+    """`sampler` if it names a sampler, else InvalidInput naming the choices."""
+    if not isinstance(sampler, str) or sampler not in SAMPLERS:
+        raise errors.InvalidInput(f"sampler={shown(sampler)}; expected one of {list(SAMPLERS)}")
+    return sampler
+
+
 def check_count(value: Any, what: str) -> None:
     """An integer >= 1 (a bool is not)."""
     if not is_integer(value) or value < 1:

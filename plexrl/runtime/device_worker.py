@@ -12,6 +12,10 @@ one copy per worker and source, on the worker's torch device, whatever the numbe
 only their adapters live in the arena. (On CUDA that base sits outside the arena: the node's
 budget leaves its bytes of the arena unused, state_manager.py.)
 
+States whose sampler is vLLM (`StateSpec.sampler`) run `sample` and `compute_logprobs` on this
+worker's vLLM engine of their base (samplers/vllm_sampler.py: `self.samplers`), and everything
+else as any state; a load also has the engine hold their weights, an offload lets them go.
+
 Invariants:
 - the arena is the only device memory a state uses; host copies live in the node's shared
   buffers (host_buffers.py), never in this worker alone;
@@ -39,6 +43,7 @@ from plexrl.runtime import functions, lora
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.host_buffers import map_buffer, map_flags
 from plexrl.runtime.state import FLOAT_BYTES, ModelState, load_module, skeleton_like
+from plexrl.samplers.vllm_sampler import VllmSamplers
 
 
 class NotResident(RuntimeError):
@@ -56,6 +61,7 @@ class StateSpec:
     source: str
     trainable: bool
     lora: LoraConfig | None = None
+    sampler: str = "hf"
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class WorkerStep:
     adam_step: int = 0
     incarnation: str = ""  # which process of this device's worker answered
     dirty: bool = False
+    weights_version: int = 0  # of the state's weights: a vLLM engine holding this version pushes nothing
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class DeviceWorker:
         self._mapped: dict[str, tuple[str, torch.Tensor]] = {}  # state id -> (host path, its mapping)
         self._templates: dict[str, torch.nn.Module] = {}  # one loaded module per source folder
         self._lock = threading.Lock()
+        self.samplers = VllmSamplers(torch_device, threads)  # engines of the states that sample on vLLM
         import transformers.models.auto.modeling_auto  # noqa: F401  (seconds in a fresh process: pay them
         # while the cluster starts, which waits for every worker, not in a job's first call)
 
@@ -135,11 +143,13 @@ class DeviceWorker:
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         result, error = None, None
         try:
-            result = functions.execute(fn, state, payload)
+            result = (self.samplers.execute(fn, state, payload) if self.samplers.serves(fn, state)
+                      else functions.execute(fn, state, payload))
         except Exception as exc:  # delivered to the caller; the worker carries on
             error = exc
         wall_s = time.perf_counter() - wall0
-        device_s = wall_s if self.timing == "wall" else time.thread_time() - cpu0
+        elsewhere = self.samplers.serves(fn, state)  # a vLLM engine computes in its own process: wall time
+        device_s = wall_s if self.timing == "wall" or elsewhere else time.thread_time() - cpu0
         copied, zeroed = functions.FUNCTIONS[fn].write_back(ok=error is None)
         writeback_s, written, cleared = self._write_through(state, copied, zeroed)
         return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step, self.incarnation,
@@ -167,6 +177,11 @@ class DeviceWorker:
         self.drop(state_id)
         with self._lock:
             self.states.pop(state_id, None)
+        self.samplers.forget(state_id)
+
+    def close(self) -> None:
+        """Stop this worker's vLLM engine processes (the cluster is closing)."""
+        self.samplers.close()
 
     # -- transitions ------------------------------------------------------------------------------
     def _transition(self, step: WorkerStep) -> float:
@@ -174,6 +189,7 @@ class DeviceWorker:
         if step.kind is TransitionKind.LOAD:
             state = self._state(step.spec)
             host = self._host(step)
+            self.samplers.prepare(state)  # starting a vLLM engine is not a transition either
             t0 = time.perf_counter()
             self._load(state, host, step)
         elif step.kind is TransitionKind.OFFLOAD:
@@ -200,8 +216,10 @@ class DeviceWorker:
         region.copy_(host)
         state.attach(region, self.device, step.offset)
         state.adam_step = step.adam_step
+        self.samplers.switch_in(state, step.host_path, step.weights_version)
 
     def _offload(self, state: ModelState, dirty: bool) -> None:
+        self.samplers.switch_out(state)
         if dirty:
             state.host.copy_(state.current())
         state.unbind()  # the node's view is authoritative; this worker keeps no stale binding
@@ -261,7 +279,7 @@ class DeviceWorker:
                 module = (skeleton_like(self._template(spec.source)) if spec.lora is None
                           else lora.lora_module(self._base(spec.source), spec.lora))
                 state = ModelState(spec.state_id, spec.job, spec.name, module, spec.trainable, spec.source,
-                                   lora=spec.lora)
+                                   lora=spec.lora, sampler=spec.sampler)
                 self.states[spec.state_id] = state
             return state
 

@@ -182,9 +182,12 @@ class Front(NodeRecovery):
     # -- what clients call -------------------------------------------------------------------------
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
                   slack: float = 0.10, admission_timeout: float | None = None, owner: int | None = None,
-                  lora: LoraConfig | None = None) -> StateHandle:
+                  lora: LoraConfig | None = None, sampler: str = "hf") -> StateHandle:
         check_name("job", job)
         check_name("model name", name)
+        if validation.check_sampler(sampler) != "hf" and trainable:
+            raise errors.InvalidInput(f"sampler={sampler!r} for trainable model {name!r}; expected 'hf' (a trainer "
+                                      "samples nothing: its snapshots choose their sampler when synced)")
         self._check_open()
         if lora is not None:
             if not isinstance(lora, LoraConfig):
@@ -200,7 +203,8 @@ class Front(NodeRecovery):
                           self.config.host_memory_bytes, shared)
             memory = model_memory(name, source, nbytes, nbytes, shared)
             group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout)
-        handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable, lora)))
+        handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable, lora,
+                                                                                   sampler)))
         if owner is not None:
             self._ask("own", job, owner, handle.state_id)
         return self._bind(handle, group)

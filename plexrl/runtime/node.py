@@ -42,6 +42,7 @@ from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
 from plexrl.runtime.state import ModelState, load_module, skeleton_like
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
+from plexrl.samplers.vllm_sampler import check_vllm_state
 
 RESTART_TIMEOUT_S = 300.0
 RESTART_POLL_S = 0.05
@@ -103,10 +104,11 @@ class Node:
 
     # -- states ---------------------------------------------------------------------------------
     def add_model(self, job: str, name: str, source: str, trainable: bool,
-                  lora_config: LoraConfig | None = None) -> StateHandle:
+                  lora_config: LoraConfig | None = None, sampler: str = "hf") -> StateHandle:
+        check_vllm_state(sampler, lora_config)
         prepared = [worker.prepare.remote(source) for worker in self.workers.values()]  # meanwhile, there
         module = load_module(source) if lora_config is None else self._lora_module(source, lora_config)
-        state = ModelState(f"{job}/{name}", job, name, module, trainable, source, lora=lora_config)
+        state = ModelState(f"{job}/{name}", job, name, module, trainable, source, lora=lora_config, sampler=sampler)
         self.sm.add(state, self.group.pending)
         for ref in prepared:  # every worker of the node can run the model from its first call on
             try:
@@ -240,7 +242,7 @@ class Node:
 
     def _run_on_node(self, request: Request, state: ModelState) -> Any:
         if request.fn == "sync_weights":
-            return self._sync(state, request.payload["name"])
+            return self._sync(state, request.payload["name"], request.payload.get("sampler", "hf"))
         start, t0 = self.telemetry.now(), time.perf_counter()
         result = functions.execute(request.fn, state, request.payload)
         if request.fn == "save_state":
@@ -275,9 +277,10 @@ class Node:
     def _worker_step(self, t: Transition) -> WorkerStep:
         state = self.sm.states[t.state_id]
         if t.kind is TransitionKind.LOAD:
-            spec = StateSpec(state.state_id, state.job, state.name, state.source, state.trainable, state.lora)
+            spec = StateSpec(state.state_id, state.job, state.name, state.source, state.trainable, state.lora,
+                             state.sampler)
             return WorkerStep(t.kind, t.state_id, spec, str(self.buffers.path_of(state.host)), t.offset,
-                              state.adam_step)
+                              state.adam_step, weights_version=state.weights_version)
         return WorkerStep(t.kind, t.state_id, dirty=state.dirty)
 
     def _book(self, steps: list[Transition], reply: WorkerReply, request: Request, device: int, start: float) -> None:
@@ -359,18 +362,21 @@ class Node:
                            f"within {RESTART_TIMEOUT_S} s")
 
     # -- weight sync (on the node: host copies are current by write-through) ----------------------
-    def _sync(self, trainer: ModelState, name: str) -> Synced:
+    def _sync(self, trainer: ModelState, name: str, sampler: str = "hf") -> Synced:
         """`trainer`'s weights become its sampler snapshot `name`'s: in place when nobody uses the
-        snapshot, else in a new version (the old one retires once its queued calls drain)."""
+        snapshot (and it samples with `sampler`), else in a new version (the old one retires once
+        its queued calls drain)."""
+        check_vllm_state(sampler, trainer.lora)
         weights = trainer.segment(trainer.host, 0)
         key = (trainer.state_id, name)
         with self.changed:
             current = self._samplers.get(key)
             snapshot = self.sm.states.get(current) if current else None
             reusable = (snapshot is not None and not snapshot.busy and self.group.pending(current) == 0
-                        and snapshot.tier is not Tier.DISK)
+                        and snapshot.tier is not Tier.DISK and snapshot.sampler == sampler)
             if reusable:
                 snapshot.busy = True
+                snapshot.weights_version += 1  # a vLLM engine holding the old ones pushes these
                 self.sm.forget_device_copy(snapshot)  # its device copy is stale now; the next use loads it again
         if reusable:
             self.sm.materialize(snapshot, trainer.job, lambda: snapshot.host.copy_(weights).numel() * 4)
@@ -382,7 +388,7 @@ class Node:
         module = (skeleton_like(trainer.module) if trainer.lora is None
                   else self._lora_module(trainer.source, trainer.lora))  # a snapshot of an adapter is an adapter
         fresh = ModelState(f"{trainer.state_id}@{name}.v{version}", trainer.job, f"{trainer.name}@{name}",
-                           module, False, trainer.source, lora=trainer.lora)
+                           module, False, trainer.source, lora=trainer.lora, sampler=sampler)
         self.sm.add(fresh, self.group.pending, initial=weights, holding=frozenset({trainer.state_id}))
         self._samplers[key] = fresh.state_id
         if snapshot is not None:
@@ -419,9 +425,11 @@ class Node:
         self.group.close()
         for thread in self._dispatchers:
             thread.join(timeout=60)
+        for worker in self.workers.values():  # their vLLM engine processes (a worker process's die with it)
+            worker.close.remote()
         self.buffers.release_all()
 
 
 def _handle(state: ModelState) -> StateHandle:
     return StateHandle(state.state_id, state.job, state.name, state.source, state.trainable, state.device_bytes,
-                       state.host_bytes, state.lora)
+                       state.host_bytes, state.lora, state.sampler)

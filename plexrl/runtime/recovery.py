@@ -127,13 +127,16 @@ class NodeRecovery:
                 self._ask("unbind", h.state_id)
         restored = {}
         for h in models:
-            remote.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable, h.lora))
+            remote.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable, h.lora,
+                                                          h.sampler))
             self._bind(h, group)
             checkpoint = inputs["checkpoints"].get(h.state_id)
             if checkpoint is not None and h.trainable:
                 self.submit(h, "load_state", {"path": checkpoint.path, "with_optimizer": checkpoint.with_optimizer}).result()
                 restored[h.name] = checkpoint
+        samplers = {h.name: h.sampler for h in inputs["handles"] if h.is_snapshot}  # "trainer@name" -> sampler
         for h in models:
             for name in inputs["synced"].get(h.state_id, ()):
-                self.submit(h, "sync_weights", {"name": name}).result()
+                sampler = samplers.get(f"{h.name}@{name}", "hf")
+                self.submit(h, "sync_weights", {"name": name, "sampler": sampler}).result()
         return restored

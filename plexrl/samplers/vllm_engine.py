@@ -97,10 +97,11 @@ class Engine:
 
         greedy = temperature == 0  # vLLM refuses n > 1 when greedy: the n sequences are one, repeated
         params = SamplingParams(
-            n=1 if greedy else n, temperature=temperature, top_k=0 if top_k == -1 else top_k, top_p=top_p, max_tokens=max_tokens,
-            seed=int(seed) % SEED_MODULUS, stop_token_ids=list(stop_token_ids), stop=list(stop_strings) or None,
-            ignore_eos=True, logprobs=0, prompt_logprobs=0 if prompt_logprobs else None,
-            detokenize=bool(stop_strings), skip_special_tokens=False, spaces_between_special_tokens=False)
+            n=1 if greedy else n, temperature=temperature, top_k=0 if top_k == -1 else top_k, top_p=top_p,
+            max_tokens=max_tokens, seed=int(seed) % SEED_MODULUS, stop_token_ids=list(stop_token_ids),
+            stop=list(stop_strings) or None, ignore_eos=True, logprobs=0,
+            prompt_logprobs=0 if prompt_logprobs else None, detokenize=bool(stop_strings),
+            skip_special_tokens=False, spaces_between_special_tokens=False)
         out = self._generate(prompt, params)
         sequences = []
         for completion in sorted(out.outputs, key=lambda c: c.index):
@@ -205,3 +206,6 @@ def _describe(exc: BaseException) -> str:
 
 if __name__ == "__main__":  # python vllm_engine.py FD (the worker's end of a socket pair)
     serve(Connection(int(sys.argv[1])))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # vLLM's exit handlers can wait seconds on an engine nobody needs any more

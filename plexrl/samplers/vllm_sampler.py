@@ -48,7 +48,6 @@ from typing import Any
 from plexrl.api import errors, validation
 from plexrl.api.types import LoraConfig, SampledSequence, SampleResponse, SamplingParams
 
-SAMPLERS = ("hf", "vllm")
 SERVED = ("sample", "compute_logprobs")  # what a vLLM state runs on its engine
 PYTHON_VARIABLE = "PLEXRL_VLLM_PYTHON"
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
@@ -61,13 +60,6 @@ log = logging.getLogger("plexrl.samplers.vllm")
 
 class VllmEngineError(RuntimeError):
     """A vLLM engine process failed to start, failed a request, or died."""
-
-
-def check_sampler(sampler: Any) -> str:
-    """`sampler` if it names a sampler, else InvalidInput naming the choices."""
-    if sampler not in SAMPLERS:
-        raise errors.InvalidInput(f"sampler={sampler!r}; expected one of {list(SAMPLERS)}")
-    return sampler
 
 
 def vllm_python() -> str:
@@ -85,7 +77,7 @@ def vllm_python() -> str:
 
 def check_vllm_state(sampler: str, lora: LoraConfig | None) -> None:
     """What a node checks when a state is created with `sampler` (before anything is loaded)."""
-    if check_sampler(sampler) == "vllm":
+    if validation.check_sampler(sampler) == "vllm":
         if lora is not None:
             raise errors.InvalidInput("sampler='vllm' serves full-parameter weights; a LoRA model's snapshots and "
                                       "frozen models sample with sampler='hf'")
@@ -219,8 +211,8 @@ class VllmEngine:
             if self._process.poll() is not None:
                 raise self._died(op)
             if deadline is not None and time.monotonic() > deadline:
-                raise VllmEngineError(f"the vLLM engine for {self.source!r} did not answer {op!r} within {timeout:.0f} s; "
-                                      f"its log: {self.log_path}\n{self.log_tail()}")
+                raise VllmEngineError(f"the vLLM engine for {self.source!r} did not answer {op!r} within "
+                                      f"{timeout:.0f} s; its log: {self.log_path}\n{self.log_tail()}")
         if reply[0] == "ok":
             return reply[1]
         _, kind, message = reply
