@@ -12,20 +12,24 @@ def datum(ids, **extra) -> plexrl.Datum:
     return plexrl.Datum(plexrl.ModelInput.from_ints(ids[:-1]), {"target_tokens": ids[1:], **extra})
 
 
-def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout: float = 120, name: str = "policy"):
+def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout: float = 120, name: str = "policy",
+           sampler: str = "hf", rewards: list | None = None):
     """A small policy-gradient loop over every function of the API: sample, old log-probs,
-    importance-sampling update, weight sync, a step mark. Returns the job's training client."""
+    importance-sampling update, weight sync (snapshots sampling with `sampler`), a step mark.
+    Returns the job's training client; each step's rewards are appended to `rewards` if given."""
     trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed, name=name)
     prompt = [5 + seed, 6, 7]
     for step in range(steps):
-        sampler = trainer.save_weights_and_get_sampling_client()
-        out = sampler.sample(plexrl.ModelInput.from_ints(prompt), num_samples=3,
-                             sampling_params=plexrl.SamplingParams(max_tokens=5, seed=100 * seed + step)).result(timeout)
-        rewards = np.array([float(sum(s.tokens) % 7) for s in out.sequences])
+        snapshot = trainer.save_weights_and_get_sampling_client(sampler=sampler)
+        params = plexrl.SamplingParams(max_tokens=5, seed=100 * seed + step)
+        out = snapshot.sample(plexrl.ModelInput.from_ints(prompt), num_samples=3, sampling_params=params).result(timeout)
+        step_rewards = np.array([float(sum(s.tokens) % 7) for s in out.sequences])
+        if rewards is not None:
+            rewards.append(step_rewards.tolist())
         data = []
-        for seq, adv in zip(out.sequences, rewards - rewards.mean()):
+        for seq, adv in zip(out.sequences, step_rewards - step_rewards.mean()):
             ids = prompt + seq.tokens
-            old = sampler.compute_logprobs(plexrl.ModelInput.from_ints(ids)).result(timeout)
+            old = snapshot.compute_logprobs(plexrl.ModelInput.from_ints(ids)).result(timeout)
             advantages = np.zeros(len(ids) - 1, dtype=np.float32)
             advantages[len(prompt) - 1:] = adv
             data.append(datum(ids, logprobs=np.array(old[1:], dtype=np.float32), advantages=advantages))
