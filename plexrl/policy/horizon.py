@@ -37,6 +37,7 @@ class Horizon:
         self.load = np.zeros((rows, slots))
         self.origin = 0  # absolute slot at the start of the window
         self._jobs: dict[str, tuple[tuple[int, ...], JobProfile, float]] = {}  # job -> (rows, profile, anchor)
+        self._on_row: dict[int, dict[str, None]] = {}  # row -> its jobs, in the order they came
         self._cumulative: dict[str, np.ndarray] = {}  # job -> its profile's cumulative busy time
         self._table: _JobTable | None = None  # flat copy of _jobs for advance; None when stale
 
@@ -74,6 +75,8 @@ class Horizon:
         if not rows or len(set(rows)) != len(rows):
             raise ValueError(f"job {job!r}: rows must be distinct and non-empty, got {rows}")
         self._jobs[job] = (rows, profile, anchor_s)
+        for row in rows:
+            self._on_row.setdefault(row, {})[job] = None
         self._cumulative[job] = profile.cumulative()
         self._table = None
         cols = self.columns(self.origin, self.slots)
@@ -84,6 +87,8 @@ class Horizon:
     def remove(self, job: str) -> None:
         """Take `job` off; its rows are rebuilt from the remaining jobs (no subtraction residue)."""
         rows, _, _ = self._jobs.pop(job)
+        for row in rows:
+            del self._on_row[row][job]
         del self._cumulative[job]
         self._table = None
         self.load[list(rows)] = 0.0
@@ -97,7 +102,11 @@ class Horizon:
 
     def jobs_on(self, row: int) -> list[tuple[str, JobProfile, float, tuple[int, ...]]]:
         """(job, profile, anchor, rows) of every job with a share on `row`, in the order they came."""
-        return [(job, p, anchor, rows) for job, (rows, p, anchor) in self._jobs.items() if row in rows]
+        return [(job, *self._jobs[job][1:], self._jobs[job][0]) for job in self.names_on(row)]
+
+    def names_on(self, row: int) -> tuple[str, ...]:
+        """The jobs with a share on `row`, in the order they came."""
+        return tuple(self._on_row.get(row, ()))
 
     def window(self, row: int) -> np.ndarray:
         """One group's load in time order, from the slot holding now."""

@@ -63,6 +63,7 @@ fewest jobs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -144,6 +145,9 @@ class Placer:
         groups = self.view.feasible_groups(profile)
         if len(groups) == 0:
             return Wait(self.view.shortfall(profile))
+        refused = self._refused_everywhere(profile, groups)
+        if refused is not None:
+            return refused
         shifts = self._shift_slots(profile)
         # Jobs start on slot boundaries, so projections line up with the horizon's slots and
         # complementary jobs can be exactly disjoint; the wait for the boundary is part of the shift.
@@ -342,12 +346,38 @@ class Placer:
 
     def _device_costs(self, first_row: int, share: np.ndarray, hot: np.ndarray) -> np.ndarray:
         """cost[d, k]: overload device-seconds on row first_row + d with the job's share shifted
-        by shifts[k], from hot cells only (the others cannot overload at any shift)."""
+        by shifts[k], from hot cells only (the others cannot overload at any shift).
+
+        A row's cost depends on its load and hot cells alone, and the devices of a group mostly
+        carry the same jobs (a job puts one share on each of its devices), so each distinct
+        (load, hot) row is costed once and copied to its twins: the same numbers, the same
+        operations in the same order per row, as costing every row (tested against that)."""
+        load = self.horizon.load[first_row: first_row + len(hot)]
+        twin: dict[bytes, int] = {}
+        first = []
+        of_row = np.empty(len(hot), dtype=np.int64)
+        for d in range(len(hot)):
+            key = load[d].tobytes() + np.packbits(hot[d]).tobytes()
+            of_row[d] = twin.setdefault(key, len(first))
+            if of_row[d] == len(first):
+                first.append(d)
+        if len(first) == len(hot):
+            return self._row_costs(first_row, share, hot)
+        distinct = np.asarray(first)
+        return self._row_costs(first_row, share, hot, distinct)[of_row]
+
+    def _row_costs(self, first_row: int, share: np.ndarray, hot: np.ndarray,
+                   only: np.ndarray | None = None) -> np.ndarray:
+        """`_device_costs` computed row by row for every row of `hot`, or for the rows `only`
+        (offsets from first_row; the result then has one row per entry of `only`)."""
+        if only is not None:
+            hot = hot[only]
         costs = np.zeros((len(hot), len(share)))
         rows, cols = np.nonzero(hot)
         if len(rows) == 0:
             return costs
-        base = self.horizon.load[first_row + rows, cols] - 1.0
+        absolute = first_row + (rows if only is None else only[rows])
+        base = self.horizon.load[absolute, cols] - 1.0
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         per_chunk = max(1, _CHUNK_CELLS // len(rows))
         for lo in range(0, len(share), per_chunk):
@@ -459,6 +489,88 @@ class Placer:
                 return job, was + added, profile.slack
         return None
 
+    def _refused_everywhere(self, profile: JobProfile, groups: np.ndarray) -> Wait | None:
+        """Wait, without a search, when `_judge` would refuse every devices the search could
+        choose, whichever wins; None when some might pass (then the search decides). Exact,
+        under the call model only (every job involved knows its calls):
+        - the newcomer's own inflation: with fewer than `devices` rows whose tenants could each
+          take turns with it (`_interleave`, its busy-share sum with a margin: a set
+          interleaves only if each subset does), no candidate interleaves, so its inflation is
+          the additive wait of `wait_inflation`, at least that of its `devices` least-loaded
+          rows; a bound above the slack (by a margin) refuses them all;
+        - a row is barred when a tenant on it would be pushed past its slack by sharing even
+          one of its devices with the newcomer (`_hurt_by_waits` at the least share; what it
+          adds grows with the share, in floats too); the unbarred rows are bounded as above.
+        Rows on nodes without host room for a replica are never chosen, so they are skipped."""
+        if profile.barriers <= 0 or not self._placed:
+            return None
+        if any(p.profile.barriers <= 0 for p in self._placed.values()):
+            return None
+        barred: dict[str, bool] = {}
+        turns: dict[tuple[str, ...], bool] = {}
+        units = self.view.units_per_node(profile)
+        least, tenant = math.inf, ""  # the least bound of groups refused for the newcomer's own inflation
+        hurts = mixed = False  # some group refused for a co-tenant's sake; for one reason or the other
+        for g in groups:
+            first = int(self.view.group_first_node[g])
+            every, unbarred = [], []  # (wait, takes turns) per usable row
+            for node in range(first, first + len(self.view.groups[g].nodes)):
+                if units[node] <= 0:
+                    continue
+                for row in range(*self.view.node_rows[node]):
+                    names = self.horizon.names_on(row)
+                    if names not in turns:
+                        turns[names] = _interleave(profile, [self._placed[j].profile for j in names], margin=1e-9)
+                    cell = (sum(self._placed[j].profile.residual_s for j in names), turns[names])
+                    every.append(cell)
+                    hurt = next((j for j in names if self._bars(profile, j, barred)), None)
+                    if hurt is None:
+                        unbarred.append(cell)
+                    else:
+                        tenant = tenant or hurt
+            bound = self._own_bound(profile, every)
+            if bound > profile.slack + 1e-9:
+                least = min(least, bound)
+            elif self._own_bound(profile, unbarred) <= profile.slack + 1e-9:
+                return None
+            elif len(unbarred) < profile.devices:
+                hurts = True
+            else:
+                mixed = True
+        where = "on any devices where its memory fits"
+        if not (hurts or mixed):
+            return Wait(f"job {profile.job!r} would be slowed by {least:.0%} or more, beyond its slack of "
+                        f"{profile.slack:.0%}, {where}")
+        if not (mixed or least < math.inf):
+            return Wait(f"job {profile.job!r} would slow job {tenant!r} or another co-tenant beyond its slack {where}")
+        return Wait(f"job {profile.job!r} would be slowed beyond its slack of {profile.slack:.0%} or slow a "
+                    f"co-tenant beyond theirs (e.g. job {tenant!r}) {where}")
+
+    def _own_bound(self, profile: JobProfile, rows: list[tuple[float, bool]]) -> float:
+        """A lower bound of the newcomer's inflation on any `devices` of `rows`, (tenants'
+        summed residual_s, whether they may take turns with it) each: 0 when enough may take
+        turns, +inf when there are too few rows (see `_refused_everywhere`)."""
+        need = profile.devices
+        if len(rows) < need:
+            return math.inf
+        if sum(turns for _, turns in rows) >= need:
+            return 0.0
+        least = sorted(wait for wait, _ in rows)[:need]
+        return profile.barriers * (sum(least) / need) / profile.period_s
+
+    def _bars(self, newcomer: JobProfile, job: str, memo: dict[str, bool]) -> bool:
+        """Whether placed `job` would be pushed past its slack by the newcomer on one of its
+        devices (`_hurt_by_waits` at the least share), memoised in `memo` for one decision."""
+        if job not in memo:
+            placed = self._placed[job]
+            own = [self.view.device_rows[d] for d in placed.placement.devices]
+            others = self._tenants(own, exclude=job)
+            before = wait_inflation(placed.profile, others.values())
+            added = wait_inflation(placed.profile, [*others.values(), (newcomer, 1 / len(own))]) - before
+            was = self._measured.get(job, before)
+            memo[job] = was + added > max(placed.profile.slack, was) + _TINY
+        return memo[job]
+
     def _hold(self, placed: _Placed) -> None:
         job, p = placed.profile.job, placed.placement
         self.view.allocate(job, p.devices, placed.profile.host_bytes_per_device, placed.profile.shared_host_bytes)
@@ -481,11 +593,11 @@ def wait_inflation(profile: JobProfile, tenants) -> float:
     return profile.barriers * wait / profile.period_s
 
 
-def _interleave(profile: JobProfile, tenants: list[JobProfile]) -> bool:
+def _interleave(profile: JobProfile, tenants: list[JobProfile], margin: float = 0.0) -> bool:
     """Whether the jobs can take turns on their devices: their busy shares sum to at most 1
-    and each one's busy time per device fits in every other's longest idle stretch."""
+    (+ `margin`) and each one's busy time per device fits in every other's longest idle stretch."""
     jobs = [profile, *tenants]
-    if sum(_busy_s(j) / j.period_s for j in jobs) > 1.0:
+    if sum(_busy_s(j) / j.period_s for j in jobs) > 1.0 + margin:
         return False
     return all(_busy_s(a) <= _idle_gap_s(b) for a in jobs for b in jobs if a is not b)
 
@@ -495,6 +607,7 @@ def _busy_s(profile: JobProfile) -> float:
     return profile.busy_device_s / profile.devices
 
 
+@functools.lru_cache(maxsize=4096)
 def _idle_gap_s(profile: JobProfile) -> float:
     """The longest stretch of a step (wrapping into the next) in which the job uses no device."""
     idle = np.asarray(profile.demand) <= _TINY
