@@ -247,6 +247,17 @@ def test_sleep_and_wake_are_skipped_on_cpu_with_the_reason(cluster, model_dir, c
 
 
 @needs_vllm
+def test_a_model_vllm_cannot_run_fails_the_call_with_vllms_reason(cluster, tiny_model):
+    """conftest's tiny model has head_dim 16, which vLLM's CPU attention refuses: the call fails
+    with that reason (and the engine's log), the cluster carries on."""
+    client = cluster.service_client(job="hd16").create_sampling_client(tiny_model, name="v", sampler="vllm")
+    with pytest.raises(errors.ExecutionError, match=r"(?s)head_dim=16.*its log: /"):
+        client.sample(prompt(5, 6, 7), 1, plexrl.SamplingParams(max_tokens=4, temperature=0.0)).result(TIMEOUT)
+    reference = cluster.service_client(job="hd16-hf").create_sampling_client(tiny_model, name="hf")
+    assert len(reference.sample(prompt(5, 6, 7), 1, plexrl.SamplingParams(max_tokens=4)).result(TIMEOUT).sequences) == 1
+
+
+@needs_vllm
 def test_process_engine_worker_starts_its_own_engine(model_dir):
     """A device worker in its own process (the process engine) starts and stops its engine too."""
     with plexrl.ProcessCluster(devices=1, device_memory_bytes=16 * MiB) as cluster:

@@ -164,18 +164,19 @@ def _prompt_logprobs(logprobs, tokens: list) -> list:
     return [None] + [float(position[int(token)].logprob) for position, token in zip(logprobs[1:], tokens[1:])]
 
 
-def serve(conn: Connection) -> None:
-    """Build the engine from the first message, then answer requests until the pipe closes."""
+def serve(conn: Connection) -> bool:
+    """Build the engine from the first message, then answer requests until the pipe closes.
+    False when the engine could not be built (its log says why)."""
     try:
         op, options = conn.recv()
         if op != "start":
             raise InputError(f"the first request was {op!r}; expected 'start'")
         engine = Engine(options)
     except (EOFError, OSError):
-        return
+        return True
     except Exception as exc:
         conn.send(("error", "engine", _describe(exc)))
-        return
+        return False
     conn.send(("ok", engine.info()))
     handlers = {"push": engine.push, "sample": engine.sample, "logprobs": engine.logprobs,
                 "sleep": engine.sleep, "wake": engine.wake}
@@ -183,10 +184,10 @@ def serve(conn: Connection) -> None:
         try:
             op, args = conn.recv()
         except (EOFError, OSError):
-            return
+            return True
         if op == "close":
             conn.send(("ok", None))
-            return
+            return True
         try:
             handler = handlers.get(op)
             if handler is None:
@@ -204,8 +205,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n" + "".join(frames[-4:])
 
 
-if __name__ == "__main__":  # python vllm_engine.py FD (the worker's end of a socket pair)
-    serve(Connection(int(sys.argv[1])))
+if __name__ == "__main__":  # python vllm_engine.py FD LOG (the worker's end of a socket pair, our log file)
+    served = serve(Connection(int(sys.argv[1])))
     sys.stdout.flush()
     sys.stderr.flush()
+    if served and len(sys.argv) > 2:  # a clean end, also when the worker was killed: nobody reads the log now
+        try:
+            os.unlink(sys.argv[2])
+        except OSError:
+            pass
     os._exit(0)  # vLLM's exit handlers can wait seconds on an engine nobody needs any more

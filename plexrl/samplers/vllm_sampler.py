@@ -117,7 +117,7 @@ class VllmEngine:
         fd, self.log_path = tempfile.mkstemp(prefix="plexrl-vllm-", suffix=".log")
         ours, theirs = socket.socketpair()
         with os.fdopen(fd, "wb") as log_file:
-            self._process = subprocess.Popen([python, str(ENGINE_SCRIPT), str(theirs.fileno())],
+            self._process = subprocess.Popen([python, str(ENGINE_SCRIPT), str(theirs.fileno()), self.log_path],
                                              pass_fds=(theirs.fileno(),), env=self._environment(),
                                              stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
         theirs.close()
