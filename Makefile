@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test test-vllm bench clean
+.PHONY: install demo test test-vllm bench gpu-check clean
 
 install: $(STAMP)
 
@@ -55,6 +55,12 @@ bench: install
 	$(BIN)/plexrl bench switch
 	$(BIN)/plexrl bench dispatch
 	$(BIN)/plexrl bench placement
+
+# Every check that needs a GPU (pytest -m cuda, write-back on CUDA, bench switch against a
+# page-locked copy); figures in gpu-check/figures.json. Fails at once without a GPU. Installs
+# nothing (a GPU machine may have no registry): .venv's python when there is one, else $(PY).
+gpu-check:
+	PY=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) plexrl-demo .pytest_cache

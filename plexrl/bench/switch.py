@@ -6,7 +6,8 @@ Two frozen states of about SIZE bytes alternate on one device whose arena holds 
 every call is a switch: the resident state goes back to its host copy (which write-through keeps
 current: nothing to copy) and the other one is loaded (SIZE bytes in). The figure is the loaded
 bytes over the load's own time, as the runtime records it. With a CUDA device the arena is
-device memory; the reference is then the host-to-device copy.
+device memory; the reference is then the host-to-device copy from a host buffer page-locked at
+its size (cudaHostRegister, as the runtime's own are), and a load is timed by CUDA events.
 
 Then the write-back of an RL-like loop (weight sync, sample, log-probs, forward_backward,
 optim_step) on a trainer of about SIZE bytes (weights, gradients, both moments): the bytes and
@@ -96,8 +97,20 @@ def writeback_per_step(nbytes: int, steps: int, device: str) -> dict:
 
 
 def memcpy_gbps(nbytes: int, repeats: int, device: str, to_host: bool = False) -> float:
-    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=device.startswith("cuda"))
-    arena = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    from plexrl.runtime import cuda
+
+    host = torch.empty(nbytes // 4, dtype=torch.float32)
+    streams = cuda.Streams(device)
+    streams.register(host)  # page-locked at its size on CUDA, as the runtime's host buffers are
+    try:
+        return _copy_gbps(host, torch.empty(nbytes // 4, dtype=torch.float32, device=device), repeats, device,
+                          to_host)
+    finally:
+        streams.unregister(host)
+
+
+def _copy_gbps(host: torch.Tensor, arena: torch.Tensor, repeats: int, device: str, to_host: bool) -> float:
+    nbytes = host.numel() * 4
     src, dst = (arena, host) if to_host else (host, arena)
     src.fill_(1.0)
     dst.copy_(src)  # first touch

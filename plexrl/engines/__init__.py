@@ -38,10 +38,14 @@ def __getattr__(name: str):
 
 
 def add_engine_option(parser) -> None:
-    """`--engine NAME` for a command that opens clusters (argparse)."""
+    """`--engine NAME` and `--device auto|cpu|cuda` (ClusterConfig.torch_device) for a command
+    that opens clusters (argparse)."""
     parser.add_argument("--engine", default="process", choices=list(ENGINES),
                         help="process: a process per device (default); local: one process, device workers on "
                              "threads; ray: Ray actors per device and node")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="what a device is: auto (default) a GPU when CUDA is present, else a CPU core; "
+                             "cuda: GPUs, refused without one")
 
 
 def check_engine(engine: str) -> str:

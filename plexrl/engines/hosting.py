@@ -20,6 +20,7 @@ constructor arguments; calls made meanwhile run once it is up.
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import socket
 import subprocess
@@ -86,10 +87,11 @@ class InlineActor:
 
 
 class ProcessActor:
-    """`cls(*args)` in its own process; calls run there one at a time, in order."""
+    """`cls(*args)` in its own process; calls run there one at a time, in order. `env`: variables
+    set in that process (and in every restart of it) before it imports anything."""
 
-    def __init__(self, cls: type, args: tuple, name: str):
-        self._cls, self._args, self.name = cls, args, name
+    def __init__(self, cls: type, args: tuple, name: str, env: dict[str, str] | None = None):
+        self._cls, self._args, self.name, self._env = cls, args, name, dict(env or {})
         self._lock = threading.Lock()
         self._pending: dict[int, Future] = {}
         self._ids = itertools.count()
@@ -109,7 +111,7 @@ class ProcessActor:
         the caller's main script; its stdout goes to stderr (a command's stdout stays its own)."""
         ours, theirs = socket.socketpair()
         process = subprocess.Popen([sys.executable, "-m", "plexrl.engines.hosting", str(theirs.fileno())],
-                                   pass_fds=(theirs.fileno(),), stdout=2)
+                                   pass_fds=(theirs.fileno(),), stdout=2, env={**os.environ, **self._env})
         theirs.close()
         conn = Connection(ours.detach())
         conn.send_bytes(cloudpickle.dumps((self._cls, self._args)))

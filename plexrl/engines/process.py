@@ -2,7 +2,8 @@
 
     ProcessCluster (the front) ─ Control (a thread pool in this process)
                                └ per node group: Node (a thread pool in this process)
-                                                 DeviceWorker per device in its own process, pinned to a core
+                                                 DeviceWorker per device in its own process, pinned to a
+                                                 core (CPU) or seeing only its own GPU (CUDA)
 
 The one runtime (runtime/front.py) with device workers in processes of their own
 (engines/hosting.py). Why: on a CPU machine, worker *threads* of one interpreter take turns on
@@ -29,9 +30,32 @@ class ProcessCluster(LocalCluster):
     engine = "process"
 
     def _host_worker(self, node_id, name: str, args: tuple):
-        """Device d's process is pinned to one core (d-th of this process's, round robin): a CPU
-        "device" computes on its own core, as a GPU does, instead of migrating between cores."""
+        """On CUDA, device d's process sees one GPU (`gpu_for(d)`) as cuda:0. On CPU it is pinned
+        to one core (d-th of this process's, round robin): a CPU "device" computes on its own core,
+        as a GPU does, instead of migrating between cores."""
+        device, torch_device = args[0], args[3]
+        if torch_device.startswith("cuda"):
+            return ProcessActor(DeviceWorker, args, name, env={"CUDA_VISIBLE_DEVICES": gpu_for(device)})
         if not hasattr(os, "sched_getaffinity"):  # not Linux: leave placement to the OS
             return ProcessActor(DeviceWorker, args, name)
         cores = sorted(os.sched_getaffinity(0))
-        return ProcessActor(DeviceWorker, (*args, (cores[args[0] % len(cores)],)), name)
+        return ProcessActor(DeviceWorker, (*args, (cores[device % len(cores)],)), name)
+
+    def _device_name(self, torch_device: str, index: int) -> str:
+        return "cuda:0" if torch_device.startswith("cuda") else torch_device  # its process sees one GPU
+
+
+def gpu_for(device: int, visible: str | None = None, count: int | None = None) -> str:
+    """The GPU (as CUDA_VISIBLE_DEVICES names it) of device `device`'s process: one of the GPUs this
+    process sees (`visible`, default its CUDA_VISIBLE_DEVICES; else `count` GPUs, default
+    torch's count), round robin when there are more devices than GPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is not None and visible.strip():
+        ids = [part.strip() for part in visible.split(",") if part.strip()]
+    else:
+        if count is None:
+            import torch
+
+            count = torch.cuda.device_count()
+        ids = [str(i) for i in range(max(1, count))]
+    return ids[device % len(ids)]

@@ -86,8 +86,13 @@ class RayCluster(Front):
     def _send(self, group: int, call: Call, future=None):
         return self.nodes[group].call.remote(call)
 
+    def _torch_device(self, setting: str) -> str:
+        """Kept as set: each worker actor resolves it where it runs ("auto": its GPU when Ray gave
+        it a real one), since the driver's machine may have no GPU of its own."""
+        return setting
+
     def _device_name(self, torch_device: str, index: int) -> str:
-        return torch_device  # Ray shows each worker actor only its own GPU
+        return torch_device  # Ray shows each worker actor only its own GPU (num_gpus=1): "cuda" is that one
 
     def _is_node_loss(self, exc: BaseException) -> bool:
         """A node actor died (errors of its calls arrive wrapped, never as ActorDiedError)."""

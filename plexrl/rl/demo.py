@@ -111,7 +111,7 @@ def run_dedicated(specs, models, args, progress: "Progress", out: Path) -> dict[
     """Each job alone on one device, one after another: its result and the device-seconds it
     used (the rest of its wall time its reserved device sat idle)."""
     progress.mode = "dedicated"
-    with engines.open_cluster(args.engine, 1, policy=args.policy) as cluster:
+    with engines.open_cluster(args.engine, 1, policy=args.policy, torch_device=args.device) as cluster:
         warm_up(cluster, models.values())
         results = {s.name: run_job(cluster, s, models[s.name], on_step=progress.step) for s in specs}
         used = cluster.metrics()["jobs"]
@@ -121,7 +121,8 @@ def run_dedicated(specs, models, args, progress: "Progress", out: Path) -> dict[
 
 def run_multiplexed(specs, models, args, budget, progress, out: Path):
     progress.mode = "multiplexed"
-    with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy) as cluster:
+    with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy,
+                              torch_device=args.device) as cluster:
         warm_up(cluster, models.values())
         started, cpu_started = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(len(specs), thread_name_prefix="controller") as pool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from plexrl.api import errors
 from plexrl.runtime.state import FLOAT_BYTES
 
 
@@ -21,8 +22,18 @@ class DeviceArena:
 
     @property
     def buffer(self) -> torch.Tensor:
+        """Allocated at the first use. A budget the device cannot hold is a ConfigError naming it
+        (on every use until the cluster is set up again), never a CUDA out-of-memory crash later."""
         if self._buffer is None:
-            self._buffer = torch.empty(self.capacity_bytes // FLOAT_BYTES, dtype=torch.float32, device=self.torch_device)
+            try:
+                self._buffer = torch.empty(self.capacity_bytes // FLOAT_BYTES, dtype=torch.float32,
+                                           device=self.torch_device)
+            except torch.OutOfMemoryError:
+                free, total = torch.cuda.mem_get_info(self.torch_device)
+                raise errors.ConfigError(
+                    f"device_memory_bytes={self.capacity_bytes:,} does not fit device {self.index} "
+                    f"({self.torch_device}: {free:,} bytes free of {total:,}); expected device_memory_bytes <= "
+                    f"{free:,} (each device's arena is allocated once, at its budget)") from None
         return self._buffer
 
     def region(self, offset_bytes: int, nbytes: int) -> torch.Tensor:

@@ -39,7 +39,7 @@ import torch
 
 from plexrl.api.types import LoraConfig
 from plexrl.policy import Tier, TransitionKind
-from plexrl.runtime import functions, lora
+from plexrl.runtime import cuda, functions, lora
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.host_buffers import map_buffer, map_flags
 from plexrl.runtime.state import FLOAT_BYTES, ModelState, load_module, skeleton_like
@@ -108,7 +108,9 @@ class DeviceWorker:
         self._flags = None
         self._failpoint: str | None = None
         self.threads = threads
-        self.timing = "wall" if torch_device.startswith("cuda") else "thread_cpu"
+        torch_device = cuda.resolve_device(torch_device)  # "auto" (Ray): this process's GPU when it has one
+        self.timing = "cuda_events" if torch_device.startswith("cuda") else "thread_cpu"
+        self.streams = cuda.Streams(torch_device)  # copies and clocks (runtime/cuda.py)
         self.arena = DeviceArena(device, capacity_bytes, torch_device)
         self.states: dict[str, ModelState] = {}
         self._mapped: dict[str, tuple[str, torch.Tensor]] = {}  # state id -> (host path, its mapping)
@@ -133,25 +135,29 @@ class DeviceWorker:
 
         A function's own failure is returned (the transitions before it did happen); only a
         broken transition raises. On a logical CPU device the time charged is this thread's CPU
-        time (the cores are shared with controllers); on CUDA, wall time."""
+        time (the cores are shared with controllers); on CUDA, the time between CUDA events
+        around the function on the compute stream."""
         if torch.get_num_threads() != self.threads:  # per call: the executing thread may be a host's, not ours
             torch.set_num_threads(self.threads)
-        seconds = tuple(self._transition(step) for step in steps)
+        spans = [self._transition(step) for step in steps]
         state = self.states.get(state_id)
         if state is None or state.tier is not Tier.DEVICE or state.device != self.device:
             raise NotResident(f"{state_id} is not resident on device {self.device} (worker {self.incarnation})")
-        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        wall0, clock = time.perf_counter(), self.streams.run()
         result, error = None, None
         try:
             result = (self.samplers.execute(fn, state, payload) if self.samplers.serves(fn, state)
                       else functions.execute(fn, state, payload))
         except Exception as exc:  # delivered to the caller; the worker carries on
             error = exc
+        clock.stop()
         wall_s = time.perf_counter() - wall0
         elsewhere = self.samplers.serves(fn, state)  # a vLLM engine computes in its own process: wall time
-        device_s = wall_s if self.timing == "wall" or elsewhere else time.thread_time() - cpu0
         copied, zeroed = functions.FUNCTIONS[fn].write_back(ok=error is None)
         writeback_s, written, cleared = self._write_through(state, copied, zeroed)
+        self.streams.finish()  # every copy and kernel of this call is done: its times can be read
+        device_s = wall_s if elsewhere else clock.seconds()
+        seconds = tuple(span.seconds() for span in spans)
         return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step, self.incarnation,
                            writeback_bytes=written, writeback_zeroed_bytes=cleared)
 
@@ -161,7 +167,7 @@ class DeviceWorker:
         self._template(source)
 
     def offload(self, state_id: str, dirty: bool) -> float:
-        return self._transition(WorkerStep(TransitionKind.OFFLOAD, state_id, dirty=dirty))
+        return self._transition(WorkerStep(TransitionKind.OFFLOAD, state_id, dirty=dirty)).seconds()
 
     def drop(self, state_id: str) -> None:
         """Let go of the state's device copy and host mapping (the node is spilling it; the host
@@ -170,7 +176,7 @@ class DeviceWorker:
             state = self.states.get(state_id)
             if state is not None and state.tier is Tier.DEVICE:
                 self._offload(state, dirty=False)
-            self._mapped.pop(state_id, None)
+            self._unmap(state_id)
 
     def forget(self, state_id: str) -> None:
         """The state no longer exists on the node: drop its skeleton and its host mapping."""
@@ -184,44 +190,53 @@ class DeviceWorker:
         self.samplers.close()
 
     # -- transitions ------------------------------------------------------------------------------
-    def _transition(self, step: WorkerStep) -> float:
-        """Seconds the copy took (building a state's module skeleton the first time is not a transition)."""
+    def _transition(self, step: WorkerStep) -> cuda.Span:
+        """The copy's span (building a state's module skeleton the first time is not a transition)."""
         if step.kind is TransitionKind.LOAD:
             state = self._state(step.spec)
             host = self._host(step)
             self.samplers.prepare(state)  # starting a vLLM engine is not a transition either
-            t0 = time.perf_counter()
-            self._load(state, host, step)
+            span = self._load(state, host, step)
         elif step.kind is TransitionKind.OFFLOAD:
-            t0 = time.perf_counter()
+            span = cuda.Span()
             state = self.states.get(step.state_id)
             if state is not None and state.tier is Tier.DEVICE:  # else a restart took it: the host copy is current
                 self._offload(state, step.dirty)
+            span.stop()
         else:
             raise ValueError(f"transition kind {step.kind.value!r}; a worker runs only 'load' and 'offload'")
-        return time.perf_counter() - t0
+        return span
 
     def _host(self, step: WorkerStep) -> torch.Tensor:
-        """The state's host buffer, mapped once per file (a fresh mapping faults on every page)."""
+        """The state's host buffer, mapped once per file (a fresh mapping faults on every page)
+        and, on CUDA, page-locked where it is until the worker lets it go."""
         known = self._mapped.get(step.state_id)
         if known is None or known[0] != step.host_path:
+            self._unmap(step.state_id)
             state = self.states[step.state_id]
             known = (step.host_path, map_buffer(step.host_path, state.host_bytes))
+            self.streams.register(known[1])
             self._mapped[step.state_id] = known
         return known[1]
 
-    def _load(self, state: ModelState, host: torch.Tensor, step: WorkerStep) -> None:
+    def _unmap(self, state_id: str) -> None:
+        known = self._mapped.pop(state_id, None)
+        if known is not None:
+            self.streams.unregister(known[1])  # before the mapping goes: the host budget is the files' bytes
+
+    def _load(self, state: ModelState, host: torch.Tensor, step: WorkerStep) -> cuda.Span:
         state.host = host
         region = self.arena.region(step.offset, state.device_bytes)
-        region.copy_(host)
+        span = self.streams.load(region, host)
         state.attach(region, self.device, step.offset)
         state.adam_step = step.adam_step
         self.samplers.switch_in(state, step.host_path, step.weights_version)
+        return span
 
     def _offload(self, state: ModelState, dirty: bool) -> None:
         self.samplers.switch_out(state)
         if dirty:
-            state.host.copy_(state.current())
+            self.streams.write_back(state.host, state.current(), [slice(0, state.host.numel())], [])
         state.unbind()  # the node's view is authoritative; this worker keeps no stale binding
         state._resident, state.host, state.tier, state.device, state.offset = None, None, Tier.HOST, None, None
 
@@ -231,23 +246,14 @@ class DeviceWorker:
         copy, clear = state.spans(copied), state.spans(zeroed)
         if not copy and not clear:
             return 0.0, 0, 0
-        t0 = time.perf_counter()
         flags = self._writeback_flags()
         if flags is not None:
             flags[self.device] = 1
-        host, device = state.host, state.current()
-        if self._failpoint == "writeback":  # fault injection (tests): die with the copy half done
-            first = (copy or clear)[0]
-            half = slice(first.start, (first.start + first.stop) // 2)
-            host[half].copy_(device[half])
-            os._exit(1)
-        for span in copy:
-            host[span].copy_(device[span])
-        for span in clear:
-            host[span].zero_()
+        die = (lambda: os._exit(1)) if self._failpoint == "writeback" else None  # fault injection: half done
+        span = self.streams.write_back(state.host, state.current(), copy, clear, halfway=die)
         if flags is not None:
             flags[self.device] = 0
-        return time.perf_counter() - t0, _nbytes(copy), _nbytes(clear)
+        return span.seconds(), _nbytes(copy), _nbytes(clear)
 
     def _writeback_flags(self):
         if self._flags is None and self._flags_path is not None:

@@ -67,7 +67,7 @@ class Front(NodeRecovery):
         self.name = name or f"plexrl-{uuid.uuid4().hex[:8]}"
         self._tmp = tempfile.mkdtemp(prefix="plexrl-") if config.workdir is None else None
         workdir = Path(config.workdir or self._tmp)
-        torch_device = _resolve_device(config.torch_device)
+        torch_device = self._torch_device(config.torch_device)
         node_ids = self._find_nodes(config)
         epoch = time.time()
         workers: dict[int, object] = {}
@@ -139,6 +139,13 @@ class Front(NodeRecovery):
         """Hand a call to its node; a reference to its result. A node in this process resolves
         `future` itself when one is given (and returns it)."""
         return self.nodes[group].target.enqueue(call, future)
+
+    def _torch_device(self, setting: str) -> str:
+        """ClusterConfig.torch_device as the workers get it: resolved here ("auto": CUDA when this
+        process sees a GPU), where the workers run on this machine."""
+        from plexrl.runtime.cuda import resolve_device
+
+        return resolve_device(setting)
 
     def _device_name(self, torch_device: str, index: int) -> str:
         """Device `index`'s torch device: logical devices share the GPUs this process sees."""
@@ -520,19 +527,6 @@ def kv_bytes_per_token(config) -> int:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return 2 * config.num_hidden_layers * kv_heads * head_dim * 4
-
-
-def _resolve_device(torch_device: str) -> str:
-    """"auto": CUDA devices when present, else logical CPU devices."""
-    if torch_device == "cpu":
-        return "cpu"
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda"
-    if torch_device == "cuda":
-        raise errors.ConfigError("torch_device='cuda' but no CUDA device is available; use 'auto' or 'cpu'")
-    return "cpu"
 
 
 def _state_bytes(config, trainable: bool, lora: LoraConfig | None = None) -> tuple[int, int]:

@@ -1,0 +1,166 @@
+"""The CUDA pieces of the device seam, each with a CPU fallback that is the plain behaviour.
+
+A device worker (device_worker.py) moves state bytes between host buffers and its arena and
+times what it runs through one `Streams` object for its torch device:
+
+- on CUDA, host buffers are page-locked where they are (`register`: cudaHostRegister of the
+  exact mapping, undone by `unregister` when the worker lets the mapping go: a spill or a free),
+  so that copies run at link speed and the host budget stays true — `pin_memory=True` would go
+  through PyTorch's caching host allocator, which rounds sizes up to a power of two and keeps
+  freed blocks. Copies are `non_blocking` on a side stream, ordered with events: a function waits
+  for its state's load; a write-back waits for the function's end, and is complete (synchronised)
+  before the call returns (write-through). Times come from CUDA events, not from host clocks
+  that stop before the device does;
+- on CPU, copies are plain `copy_`, a function's time is the thread's CPU time (the cores are
+  shared with the controllers) and a copy's is wall time: what the runtime always did, bit for bit.
+
+Out of scope here: what is copied (the worker decides) and when (the node plans it).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from plexrl.api import errors
+
+
+def resolve_device(torch_device: str) -> str:
+    """"auto": "cuda" when a CUDA device is visible to this process, else "cpu"; "cuda" without
+    one is a ConfigError; any other name (e.g. "cuda:1") is kept."""
+    if torch_device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch_device.startswith("cuda") and not torch.cuda.is_available():
+        raise errors.ConfigError(f"torch_device={torch_device!r} but no CUDA device is available to this process; "
+                                 "use 'auto' or 'cpu'")
+    return torch_device
+
+
+HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every device's context (the local
+# engine's workers of several GPUs share one process)
+
+
+def register(tensor: torch.Tensor) -> None:
+    """Page-lock the memory of a host tensor in place, at its exact size (CUDA only)."""
+    if tensor.numel() == 0:
+        return
+    code = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
+                                                HOST_REGISTER_PORTABLE)
+    if int(code) != 0:
+        raise RuntimeError(f"cudaHostRegister of a {tensor.numel() * tensor.element_size():,}-byte host buffer at "
+                           f"{tensor.data_ptr():#x} failed with CUDA error {int(code)}; expected a page-lockable "
+                           "mapping (a shared-memory file under /dev/shm)")
+
+
+def unregister(tensor: torch.Tensor) -> None:
+    if tensor.numel() == 0:
+        return
+    code = torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
+    if int(code) != 0:
+        raise RuntimeError(f"cudaHostUnregister of the host buffer at {tensor.data_ptr():#x} failed with CUDA "
+                           f"error {int(code)}; expected a buffer registered by plexrl.runtime.cuda.register")
+
+
+class Span:
+    """One timed piece of work on `stream` (None: the host's clocks): `seconds()` once it is
+    `stop`ped and, on CUDA, its stream has reached its end."""
+
+    def __init__(self, stream=None, cpu_time: bool = False):
+        self._stream, self._cpu_time, self._s = stream, cpu_time, 0.0
+        if stream is None:
+            self._t0, self._c0 = time.perf_counter(), time.thread_time()
+        else:
+            self.begin, self.end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            self.begin.record(stream)
+
+    def stop(self) -> "Span":
+        if self._stream is not None:
+            self.end.record(self._stream)
+        else:
+            self._s = time.thread_time() - self._c0 if self._cpu_time else time.perf_counter() - self._t0
+        return self
+
+    def seconds(self) -> float:
+        return self.begin.elapsed_time(self.end) / 1e3 if self._stream is not None else self._s
+
+
+class Streams:
+    """Copies and clocks for one worker on `torch_device` (CPU: plain; CUDA: a side stream and events)."""
+
+    def __init__(self, torch_device: str):
+        self.cuda = torch_device.startswith("cuda")
+        self.torch_device = torch_device
+        self._copy = None  # the side stream, made on first use (constructors do no device work)
+
+    @property
+    def copy_stream(self):
+        if self._copy is None:
+            self._copy = torch.cuda.Stream(device=self.torch_device)
+        return self._copy
+
+    def register(self, host: torch.Tensor) -> None:
+        if self.cuda:
+            with torch.cuda.device(self.torch_device):  # a context must be current
+                register(host)
+
+    def unregister(self, host: torch.Tensor) -> None:
+        if self.cuda:
+            with torch.cuda.device(self.torch_device):
+                unregister(host)
+
+    def load(self, region: torch.Tensor, host: torch.Tensor) -> Span:
+        """region := host; the compute stream's next work waits for it."""
+        if not self.cuda:
+            span = Span()
+            region.copy_(host)
+            return span.stop()
+        compute, side = torch.cuda.current_stream(self.torch_device), self.copy_stream
+        side.wait_stream(compute)  # earlier work on this region (a previous tenant's function) ends first
+        span = Span(side)
+        with torch.cuda.stream(side):
+            region.copy_(host, non_blocking=True)
+        span.stop()
+        compute.wait_event(span.end)
+        return span
+
+    def run(self) -> Span:
+        """The span of a function on the compute stream (on CPU: the thread's CPU time)."""
+        return Span(torch.cuda.current_stream(self.torch_device) if self.cuda else None, cpu_time=not self.cuda)
+
+    def write_back(self, host: torch.Tensor, device: torch.Tensor, copy: list[slice], clear: list[slice],
+                   halfway=None) -> Span:
+        """host[copy] := device[copy] and host[clear] := 0, complete when this returns. On CUDA the
+        copies wait for the compute stream's end and run on the side stream while the host zeroes
+        its part (the span times the copies; the zeroing overlaps them). `halfway` (fault injection):
+        called with the first span half copied, instead of the rest."""
+        if not self.cuda:
+            span = Span()
+            _write_back(host, device, copy, clear, halfway)
+            return span.stop()
+        compute, side = torch.cuda.current_stream(self.torch_device), self.copy_stream
+        side.wait_stream(compute)  # the function's end
+        span = Span(side)
+        with torch.cuda.stream(side):  # the copies are queued first: the host zeroes while they run
+            _write_back(host, device, copy, clear, halfway and (lambda: (side.synchronize(), halfway())))
+        span.stop()
+        side.synchronize()
+        return span
+
+    def finish(self) -> None:
+        """Every copy and function issued so far is done (a call's times can be read)."""
+        if self.cuda:
+            self.copy_stream.synchronize()
+            torch.cuda.current_stream(self.torch_device).synchronize()
+
+
+def _write_back(host, device, copy, clear, halfway) -> None:
+    if halfway is not None:
+        first = (copy or clear)[0]
+        half = slice(first.start, (first.start + first.stop) // 2)
+        host[half].copy_(device[half], non_blocking=True)
+        halfway()
+    for part in copy:
+        host[part].copy_(device[part], non_blocking=True)
+    for part in clear:
+        host[part].zero_()

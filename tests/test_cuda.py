@@ -1,0 +1,139 @@
+"""The runtime on CUDA devices (runtime/cuda.py, device_worker.py, arena.py). Every test needs a
+CUDA device and skips, saying so, without one; `make gpu-check` runs them (scripts/gpu_check.sh).
+
+Invariants checked:
+- transparency: a job multiplexed with another on one GPU ends bitwise equal to the same job
+  alone (the same kernels on the same inputs: a switch moves bytes, it computes nothing), on the
+  local and the process engine (a process per device, seeing only its own GPU);
+- a host buffer is page-locked where it is while its worker maps it (cudaHostRegister, exact
+  size: PyTorch's caching host allocator holds nothing for it) and unlocked when the worker lets
+  it go (spill, free): the host budget stays the files' bytes;
+- device time comes from CUDA events: every function and load is charged a time > 0;
+- a state larger than the device budget is refused with StateTooLarge, and a budget larger than
+  the GPU with a ConfigError naming device_memory_bytes: never a CUDA out-of-memory crash.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import plexrl
+from plexrl import errors
+from tests.helpers import datum, rl_job
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)")]
+
+MiB = 1 << 20
+TIMEOUT_S = 300
+
+
+def trainer_bytes(model: str) -> int:
+    from plexrl.runtime.state import ModelState, load_module
+
+    return ModelState("x/p", "x", "p", load_module(model), True, model).device_bytes
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model):
+    """Job `a` alone on one GPU: its final weights."""
+    from plexrl.engines.local import LocalCluster
+
+    with LocalCluster(devices=1, torch_device="cuda") as cluster:
+        return final_weights(cluster, rl_job(cluster, "a", tiny_model, seed=0))
+
+
+def final_weights(cluster, client) -> np.ndarray:
+    return cluster.fetch_weights(client.state)
+
+
+@pytest.mark.parametrize("engine", ["local", "process"])
+def test_a_multiplexed_job_equals_the_job_alone_on_cuda(engine, tiny_model, alone):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from plexrl import engines
+
+    # room for one trainer and one snapshot: the two jobs keep switching each other out
+    budget = trainer_bytes(tiny_model) * 5 // 4 + 4096
+    with engines.open_cluster(engine, 1, device_memory_bytes=budget, torch_device="cuda") as cluster:
+        with ThreadPoolExecutor(2) as pool:
+            a, b = pool.submit(rl_job, cluster, "a", tiny_model, 0), pool.submit(rl_job, cluster, "b", tiny_model, 1)
+            mine, _ = a.result(TIMEOUT_S), b.result(TIMEOUT_S)
+        assert cluster.metrics()["switches"] > 2, "the jobs never switched: the test tests nothing"
+        np.testing.assert_array_equal(final_weights(cluster, mine), alone,
+                                      err_msg=f"job a multiplexed on CUDA ({engine} engine) differs from a alone")
+
+
+def test_host_buffers_are_page_locked_at_their_size_and_unlocked_when_let_go(tiny_model):
+    from plexrl.engines.local import LocalCluster
+
+    held = torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0)  # the caching host allocator's
+    with LocalCluster(devices=1, torch_device="cuda") as cluster:
+        trainer = cluster.service_client("pin").create_training_client(tiny_model)
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+        worker = cluster.workers[0].target
+        path, mapping = worker._mapped[trainer.state.state_id]
+        assert mapping.is_pinned(), "the worker's mapping of the host buffer is not page-locked"
+        assert mapping.numel() * 4 == trainer.state.host_bytes
+        assert torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0) == held, (
+            "PyTorch's caching host allocator holds memory for the host buffers: the host budget would lie")
+        cluster.finish_job("pin")
+        assert trainer.state.state_id not in worker._mapped
+        assert not mapping.is_pinned(), "the host buffer stayed page-locked after its state was freed"
+
+
+def test_register_and_unregister_a_shared_buffer(tmp_path):
+    from plexrl.runtime import cuda
+    from plexrl.runtime.host_buffers import SharedHostBuffers
+
+    buffers = SharedHostBuffers(tmp_path / "node")
+    host = buffers.allocate(3 * MiB + 4)  # not a power of two: registered at exactly this size
+    cuda.register(host)
+    try:
+        assert host.is_pinned()
+        device = torch.arange(host.numel(), dtype=torch.float32, device="cuda")
+        host.copy_(device, non_blocking=True)
+        torch.cuda.synchronize()
+        assert torch.equal(host, device.cpu())
+    finally:
+        cuda.unregister(host)
+    assert not host.is_pinned()
+    buffers.release_all()
+
+
+def test_device_time_comes_from_cuda_events(tiny_model):
+    from plexrl.engines.local import LocalCluster
+
+    with LocalCluster(devices=1, torch_device="cuda") as cluster:
+        trainer = cluster.service_client("time").create_training_client(tiny_model)
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-3)).result(TIMEOUT_S)
+        events = cluster.events("time")
+        metrics = cluster.metrics()
+    ends = [e for e in events if e["event"] == "end" and e["fn"] in ("forward_backward", "optim_step")]
+    assert len(ends) == 2 and all(e["device_s"] > 0 for e in ends), ends
+    loads = [e for e in events if e["event"] == "transition" and e["kind"] == "load"]
+    assert loads and all(e["seconds"] > 0 for e in loads), loads
+    assert metrics["jobs"]["time"]["exec_s"] > 0 and metrics["writeback_s"] > 0
+
+
+def test_a_state_larger_than_the_device_budget_is_refused(tiny_model):
+    from plexrl.engines.local import LocalCluster
+
+    with LocalCluster(devices=1, torch_device="cuda", device_memory_bytes=trainer_bytes(tiny_model) // 2) as cluster:
+        with pytest.raises(errors.StateTooLarge, match="device_memory_bytes >="):
+            cluster.service_client("big").create_training_client(tiny_model)
+
+
+def test_a_budget_larger_than_the_gpu_is_a_config_error_not_an_oom_crash(tiny_model):
+    from plexrl.engines.local import LocalCluster
+
+    _, total = torch.cuda.mem_get_info()
+    with LocalCluster(devices=1, torch_device="cuda", device_memory_bytes=2 * total,
+                      host_memory_bytes=256 * MiB) as cluster:
+        trainer = cluster.service_client("huge").create_training_client(tiny_model)
+        for _ in range(2):  # the worker carries on: the same clear error each time
+            with pytest.raises(errors.ConfigError, match="device_memory_bytes=.* does not fit"):
+                trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)

@@ -1,0 +1,164 @@
+"""Which device a worker computes on, and the CPU side of the CUDA seam (runtime/cuda.py).
+
+Invariants checked (CPU lane; tests/test_cuda.py has the CUDA ones):
+- `--device auto|cpu|cuda` is on every command that opens clusters and maps to
+  ClusterConfig.torch_device; "auto" is CUDA when present, "cuda" without a GPU is a ConfigError
+  naming it, before anything starts;
+- the process engine gives device d's process one GPU (CUDA_VISIBLE_DEVICES), round robin over
+  the GPUs the driver sees; Ray workers resolve "auto" where they run;
+- on CPU the seam is the plain behaviour: loads and write-backs are `copy_`, a fault injected
+  halfway leaves exactly the first half of the first span written;
+- a worker registers each host mapping once and unregisters it when it lets it go (a free, a
+  new mapping of the same state): checked with a recording fake of the seam.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from plexrl import errors
+from plexrl.runtime import cuda
+from tests.helpers import datum
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device, visible, count, expected", [
+    (0, None, 1, "0"),
+    (1, None, 2, "1"),
+    (3, None, 2, "1"),  # more devices than GPUs: round robin
+    (0, "2,3", None, "2"),  # the driver's own CUDA_VISIBLE_DEVICES is honoured
+    (1, " 2, 3 ", None, "3"),
+    (2, "GPU-aaaa,GPU-bbbb", None, "GPU-aaaa"),
+])
+def test_each_device_process_gets_one_gpu(device, visible, count, expected):
+    from plexrl.engines.process import gpu_for
+
+    assert gpu_for(device, visible if visible is not None else "", count) == expected
+
+
+def test_auto_is_cuda_when_present_and_cuda_without_a_gpu_is_refused():
+    assert cuda.resolve_device("auto") == ("cuda" if HAS_CUDA else "cpu")
+    assert cuda.resolve_device("cpu") == "cpu"
+    if not HAS_CUDA:
+        with pytest.raises(errors.ConfigError, match="torch_device='cuda' but no CUDA device"):
+            cuda.resolve_device("cuda")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_a_cluster_on_cuda_without_a_gpu_is_refused_before_it_starts():
+    from plexrl import engines
+
+    with pytest.raises(errors.ConfigError, match="torch_device='cuda'"):
+        engines.open_cluster("local", 1, torch_device="cuda")
+
+
+def test_a_worker_resolves_auto_where_it_runs():
+    """What a Ray worker actor gets ("auto" is kept by the Ray front: its driver may have no GPU)."""
+    from plexrl.engines.ray_engine import RayCluster
+    from plexrl.runtime.device_worker import DeviceWorker
+
+    assert RayCluster._torch_device(None, "auto") == "auto"
+    assert DeviceWorker(0, 1 << 16, torch_device="auto").arena.torch_device == ("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.mark.parametrize("parser", ["demo", "serve", "add_engine_option"])
+def test_the_device_option(parser):
+    from plexrl import engines
+    from plexrl.rl import demo
+    from plexrl.serve.server import build_parser
+
+    def parse(argv):
+        if parser == "demo":
+            return demo.parse_args(argv)
+        if parser == "serve":
+            return build_parser().parse_args(argv)
+        p = argparse.ArgumentParser()
+        engines.add_engine_option(p)
+        return p.parse_args(argv)
+
+    assert parse([]).device == "auto"
+    assert parse(["--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit):
+        parse(["--device", "tpu"])
+
+
+def test_plexrl_run_passes_the_device_on(tmp_path, monkeypatch):
+    from plexrl.rl import jobs_file
+
+    seen = {}
+    monkeypatch.setattr(jobs_file, "load", lambda path: "spec")
+    monkeypatch.setattr(jobs_file, "run", lambda spec, on_step=None, engine="process", device="auto":
+                        seen.update(engine=engine, device=device) or {"jobs": []})
+    assert jobs_file.main(["jobs.yaml", "--json", "--engine", "local", "--device", "cpu"]) == 0
+    assert seen == {"engine": "local", "device": "cpu"}
+
+
+# ---------------------------------------------------------------------------- the seam on CPU
+
+def test_cpu_copies_are_plain_copies():
+    streams = cuda.Streams("cpu")
+    host = torch.arange(40, dtype=torch.float32)
+    region = torch.zeros(40)
+    assert streams.load(region, host).seconds() >= 0
+    assert torch.equal(region, host)
+    region.mul_(2)
+    streams.write_back(host, region, [slice(0, 10), slice(20, 40)], [slice(10, 20)])
+    expected = torch.arange(40, dtype=torch.float32) * 2
+    expected[10:20] = 0
+    assert torch.equal(host, expected)
+
+
+def test_a_write_back_interrupted_halfway_wrote_only_the_first_half_of_its_first_span():
+    class Died(Exception):
+        pass
+
+    def die():
+        raise Died
+
+    host, device = torch.zeros(40), torch.ones(40)
+    with pytest.raises(Died):
+        cuda.Streams("cpu").write_back(host, device, [slice(10, 30)], [], halfway=die)
+    assert host[10:20].eq(1).all() and host[:10].eq(0).all() and host[20:].eq(0).all()
+
+
+class RecordingStreams(cuda.Streams):
+    """The CPU seam, recording what a CUDA worker would page-lock and unlock."""
+
+    def __init__(self):
+        super().__init__("cpu")
+        self.registered: dict[int, int] = {}  # data_ptr -> times registered
+        self.log: list[tuple[str, int]] = []
+
+    def register(self, host):
+        assert self.registered.get(host.data_ptr(), 0) == 0, "registered twice"
+        self.registered[host.data_ptr()] = 1
+        self.log.append(("register", host.data_ptr()))
+
+    def unregister(self, host):
+        assert self.registered.pop(host.data_ptr(), 0) == 1, "unregistered a buffer that was not registered"
+        self.log.append(("unregister", host.data_ptr()))
+
+
+def test_a_worker_registers_each_mapping_once_and_unregisters_what_it_lets_go(tiny_model):
+    from plexrl.engines.local import LocalCluster
+    from plexrl.runtime.state import ModelState, load_module
+
+    one = ModelState("x/p", "x", "p", load_module(tiny_model), True, tiny_model).device_bytes
+    with LocalCluster(devices=1, device_memory_bytes=one * 5 // 4) as cluster:  # room for one: they switch
+        worker = cluster.workers[0].target
+        worker.streams = recording = RecordingStreams()
+        trainer = cluster.service_client("reg").create_training_client(tiny_model)
+        other = cluster.service_client("reg2").create_training_client(tiny_model)
+        for _ in range(2):  # each state loaded more than once: still one registration each
+            for t in (trainer, other):
+                t.forward_backward([datum([5, 6, 7, 8])]).result(60)
+        assert cluster.metrics()["switches"] >= 4, "the states did not switch: the test tests nothing"
+        mapped = {sid: m.data_ptr() for sid, (_, m) in worker._mapped.items()}
+        assert set(recording.registered) == set(mapped.values()) and len(mapped) == 2
+        cluster.finish_job("reg")
+        assert set(recording.registered) == {mapped[other.state.state_id]}
+        assert ("unregister", mapped[trainer.state.state_id]) in recording.log
