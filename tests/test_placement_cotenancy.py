@@ -35,8 +35,11 @@ WAITS = {
     # 4 barriers x (1.0 s residual x all devices shared) / 8 s period
     "random phases: each barrier waits the tenant's mean residual": (
         job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 1.0)], 4 * 1.0 / 8),
-    "half the devices shared: half the wait": (
-        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 0.5)], 4 * 0.5 / 8),
+    # a barrier waits for its last call: one shared device holds it up as long as all of them
+    "half the devices shared: the whole wait": (
+        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 0.5)], 4 * 1.0 / 8),
+    "a tenant on none of the devices does not count": (
+        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 0.0)], 0.0),
     "two tenants add up": (
         job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 1.0), (job("c", BUSY, 3, 2.0), 1.0)], 4 * 3.0 / 8),
     # busy 2 s each, idle stretch 6 s: they take turns and the faster one locks onto the slower's period

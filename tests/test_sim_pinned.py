@@ -6,7 +6,9 @@ each sum taken in record order, compared with `==` (floats printed with `repr`, 
 round-trips exactly). A deliberate change of behaviour (a new policy, a new latency model)
 updates them in the same commit and says why; a speed-up never does.
 Updated for issue 11: the placer's co-tenancy model (`placement.wait_inflation`) and the closed
-loop (`Placer.observe`) change which jobs share GPUs and when they are admitted.
+loop (`Placer.observe`) change which jobs share GPUs and when they are admitted; then
+`wait_inflation` counting a co-tenant whole on any shared device (a barrier waits for its
+last call), which changes the placer's predictions and so the PlexRL modes' placements.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ WORKLOAD = Workload.model_validate({
 PINNED = {
     "colocated": (221, 9181.825802587655, 59001.812165875024, 113.03840000000007, 46853.87295637255),
     "split": (153, 13977.755277924665, 91090.24558119365, 39.86240000000001, 39786.07107401961),
-    "plexrl": (278, 11642.114336325303, 45546.06068823531, 176.12880000000013, 45546.060688235295),
-    "plexrl-hrrn": (278, 11642.114336325303, 45546.06068823531, 176.12880000000013, 45546.060688235295),
-    "plexrl-sjf": (278, 11248.808086538931, 45517.24388823531, 147.31200000000013, 45517.243888235294),
-    "plexrl-fcfs": (278, 11642.114336325303, 45546.06068823531, 176.12880000000013, 45546.060688235295),
+    "plexrl": (278, 11498.989024048049, 45543.17508823531, 173.24320000000023, 45543.1750882353),
+    "plexrl-hrrn": (278, 11498.989024048049, 45543.17508823531, 173.24320000000023, 45543.1750882353),
+    "plexrl-sjf": (278, 11759.41114015855, 45530.363888235304, 160.4320000000002, 45530.363888235304),
+    "plexrl-fcfs": (278, 11498.989024048049, 45543.17508823531, 173.24320000000023, 45543.1750882353),
     "plexrl-firstfit": (278, 11583.628280722394, 45543.17508823531, 173.24320000000023, 45543.17508823529),
-    "plexrl-noshift": (278, 11820.414729317654, 45543.980688235315, 174.04880000000014, 45543.98068823529),
+    "plexrl-noshift": (278, 11453.346514502005, 45574.08448823531, 204.15260000000015, 45574.08448823529),
     "plexrl-wholetail": (226, 14991.854105921533, 47051.13295637257, 310.2984000000003, 47051.13295637253),
 }
 

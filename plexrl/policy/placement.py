@@ -40,8 +40,13 @@ phases taken as uniform (phase alignment drifts once a wait has moved a job's st
 co-tenant k busy with calls of lengths r_i over a period P_k is found mid-call with
 probability sum r_i / P_k, and the rest of that call averages sum r_i^2 / (2 sum r_i): the
 expected wait per arrival on one of its devices is `residual_s` = sum r_i^2 / (2 P_k)
-(mean residual life). So a job j whose devices it shares with k in fraction f_jk slows by
-    barriers_j * sum_k f_jk * residual_s_k / period_j             (`wait_inflation`)
+(mean residual life). A barrier ends with its last call, and a co-tenant's phase holds all
+its devices at once (its calls start together), so a barrier that shares one device with k
+waits for the rest of k's call as long as one that shares them all: a job j sharing any of
+its devices with k slows by
+    barriers_j * sum_k residual_s_k / period_j                    (`wait_inflation`)
+whatever fraction of its devices it shares (scaling the wait by that fraction predicted
+agent-30b pairs on saturated-1024, sharing ~half their GPUs, at 10% where they ran 24% slow).
 The wait falls on whoever arrives second, so a job of many short phases (agentic turns)
 loses more than a fluid split says, and a job of few long calls with long idle (code with
 sandboxes) less. On the simulator's crowded workload this predicts per-job inflation with
@@ -496,11 +501,12 @@ class Placer:
         - the newcomer's own inflation: with fewer than `devices` rows whose tenants could each
           take turns with it (`_interleave`, its busy-share sum with a margin: a set
           interleaves only if each subset does), no candidate interleaves, so its inflation is
-          the additive wait of `wait_inflation`, at least that of its `devices` least-loaded
-          rows; a bound above the slack (by a margin) refuses them all;
+          the wait of `wait_inflation` over every tenant of its rows, at least what the
+          tenants of the `devices`-th least-waiting row alone make; a bound above the slack (by
+          a margin) refuses them all;
         - a row is barred when a tenant on it would be pushed past its slack by sharing even
           one of its devices with the newcomer (`_hurt_by_waits` at the least share; what it
-          adds grows with the share, in floats too); the unbarred rows are bounded as above.
+          adds does not shrink with the share); the unbarred rows are bounded as above.
         Rows on nodes without host room for a replica are never chosen, so they are skipped."""
         if profile.barriers <= 0 or not self._placed:
             return None
@@ -555,8 +561,9 @@ class Placer:
             return math.inf
         if sum(turns for _, turns in rows) >= need:
             return 0.0
-        least = sorted(wait for wait, _ in rows)[:need]
-        return profile.barriers * (sum(least) / need) / profile.period_s
+        # the tenants of any `need` rows include those of each, so they wait at least what
+        # the need-th least-waiting row's tenants alone make it wait
+        return profile.barriers * sorted(wait for wait, _ in rows)[need - 1] / profile.period_s
 
     def _bars(self, newcomer: JobProfile, job: str, memo: dict[str, bool]) -> bool:
         """Whether placed `job` would be pushed past its slack by the newcomer on one of its
@@ -580,16 +587,17 @@ class Placer:
 
 def wait_inflation(profile: JobProfile, tenants) -> float:
     """Step inflation of `profile`'s job from sharing devices with `tenants`, (profile,
-    fraction of the job's devices shared) pairs; see the module docstring. Jobs whose device
+    fraction of the job's devices shared) pairs; a tenant counts whole on any share (see the
+    module docstring). Jobs whose device
     busy shares sum to at most 1 interleave (each collision pushes the later one into the
     other's idle time) and lock onto the slowest period; others meet at random phases and
     wait for the rest of the call they find."""
-    tenants = list(tenants)
+    tenants = [tenant for tenant, fraction in tenants if fraction > 0]
     if not tenants:
         return 0.0
-    if _interleave(profile, [t for t, _ in tenants]):
-        return max(fraction * max(0.0, t.period_s / profile.period_s - 1.0) for t, fraction in tenants)
-    wait = sum(fraction * tenant.residual_s for tenant, fraction in tenants)
+    if _interleave(profile, tenants):
+        return max(max(0.0, t.period_s / profile.period_s - 1.0) for t in tenants)
+    wait = sum(tenant.residual_s for tenant in tenants)
     return profile.barriers * wait / profile.period_s
 
 
