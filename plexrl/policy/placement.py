@@ -30,7 +30,10 @@ How a decision is made:
    visited in that tie order, so the first that scores 0 ends the search (exact);
 5. slack: the choice's step inflation is estimated for the job and for every job sharing a
    device with it; the job waits when it would exceed its own slack or push a co-tenant
-   beyond theirs (only the best candidate is checked: no second-best search).
+   beyond theirs (only the best candidate is checked: no second-best search). When no
+   devices the search could choose would pass this check (`_refused_everywhere`, an exact
+   bound under the call model), the job waits without a search: most retries of a saturated
+   cluster's queue end there.
 
 Inflation model (ours), when every profile involved knows its calls (`JobProfile.barriers`,
 `residual_s`): non-preemptive sharing. A device runs one call at a time, to its end. Each of
@@ -50,7 +53,11 @@ agent-30b pairs on saturated-1024, sharing ~half their GPUs, at 10% where they r
 The wait falls on whoever arrives second, so a job of many short phases (agentic turns)
 loses more than a fluid split says, and a job of few long calls with long idle (code with
 sandboxes) less. On the simulator's crowded workload this predicts per-job inflation with
-correlation 0.95 (MAE 7-8 points) where fluid sharing had 0.56 (MAE 22 points).
+correlation 0.95 (MAE 7-8 points) where fluid sharing had 0.56 (MAE 22 points); on
+saturated-1024 and agentic-bursty MAE of shared jobs 2-3 points. Out of scope (first order):
+a slowed co-tenant's calls come less often (it over-predicts agent-7b next to slowed code-7b)
+and two near-always-busy jobs are bounded by the device's capacity (it under-predicts
+math-7b pairs, which run at about busy share + busy share - 1).
 Placement measures feed back (`observe`): a tenant whose measured inflation is known is
 judged by it plus what the newcomer adds, so a group whose tenants run under their
 predictions may take more, and one with a tenant past its slack takes nobody onto its devices.
