@@ -484,7 +484,8 @@ ENDPOINTS = ("session_heartbeat", "create_model", "get_info", "forward_backward"
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=8),
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
                      max_leaves=8)
 _fields = st.dictionaries(st.sampled_from(["session_id", "model_id", "model_seq_id", "seq_id", "base_model", "path",

@@ -139,7 +139,7 @@ class ProcessActor:
         while True:
             try:
                 call_id, ok, value = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
+            except (EOFError, OSError, TypeError):  # TypeError: `kill` closed the connection under the read
                 break
             with self._lock:
                 future = self._pending.pop(call_id)
