@@ -162,3 +162,10 @@ def test_a_worker_registers_each_mapping_once_and_unregisters_what_it_lets_go(ti
         cluster.finish_job("reg")
         assert set(recording.registered) == {mapped[other.state.state_id]}
         assert ("unregister", mapped[trainer.state.state_id]) in recording.log
+
+
+def test_a_span_counts_work_done_in_another_process():
+    """A vLLM engine's weight push runs in its own process: the switch-in's span adds its wall time."""
+    span = cuda.Span().stop()
+    own = span.seconds()
+    assert span.add_elsewhere(0.25).seconds() == pytest.approx(own + 0.25)

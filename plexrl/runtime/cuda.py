@@ -68,6 +68,7 @@ class Span:
 
     def __init__(self, stream=None, cpu_time: bool = False):
         self._stream, self._cpu_time, self._s = stream, cpu_time, 0.0
+        self._elsewhere_s = 0.0  # part of the work done in another process (a vLLM engine's weight push)
         if stream is None:
             self._t0, self._c0 = time.perf_counter(), time.thread_time()
         else:
@@ -81,8 +82,13 @@ class Span:
             self._s = time.thread_time() - self._c0 if self._cpu_time else time.perf_counter() - self._t0
         return self
 
+    def add_elsewhere(self, seconds: float) -> "Span":
+        self._elsewhere_s += seconds
+        return self
+
     def seconds(self) -> float:
-        return self.begin.elapsed_time(self.end) / 1e3 if self._stream is not None else self._s
+        here = self.begin.elapsed_time(self.end) / 1e3 if self._stream is not None else self._s
+        return here + self._elsewhere_s
 
 
 class Streams:

@@ -230,8 +230,9 @@ class DeviceWorker:
         span = self.streams.load(region, host)
         state.attach(region, self.device, step.offset)
         state.adam_step = step.adam_step
-        self.samplers.switch_in(state, step.host_path, step.weights_version)
-        return span
+        t0 = time.perf_counter()
+        self.samplers.switch_in(state, step.host_path, step.weights_version)  # a push, when the engine needs one
+        return span.add_elsewhere(time.perf_counter() - t0)  # a switch-in's time includes it
 
     def _offload(self, state: ModelState, dirty: bool) -> None:
         self.samplers.switch_out(state)
