@@ -548,3 +548,23 @@ def test_retrieved_results_are_dropped_after_the_retention_time(world, tmp_path,
         assert h.post("/api/v1/retrieve_future", json={"request_id": request_id}).status_code == 404
         h.post(f"/api/v1/sessions/{session}/finish", json={})
     service.close()
+
+
+def test_a_sampler_keeps_its_weights_after_later_syncs_reuse_its_slot(world):
+    """Snapshots live in two slots a model, rewritten in place: a sampler of an older named
+    checkpoint then samples that checkpoint (loaded from its folder); an unnamed one fails clearly."""
+    ids = encode(world, "2+2=4")
+    prompt = types.ModelInput.from_ints(ids)
+    with sdk(world) as client:
+        training = client.create_lora_training_client(world["model"], rank=0).result(T)
+        path = training.save_weights_for_sampler("early").result(T).path
+        named = client.create_sampling_client(model_path=path).result(T)
+        unnamed = training.save_weights_and_get_sampling_client().result(T)
+        before = named.compute_logprobs(prompt).result(T)
+        for _ in range(3):  # three more syncs: both slots rewritten
+            training.forward_backward([datum(ids)], "cross_entropy").result(T)
+            training.optim_step(types.AdamParams(learning_rate=1e-2)).result(T)
+            training.save_weights_and_get_sampling_client().result(T)
+        assert np.allclose(named.compute_logprobs(prompt).result(T)[1:], before[1:], atol=1e-6)
+        with pytest.raises(tinker.RequestFailedError, match="replaced"):
+            unnamed.compute_logprobs(prompt).result(T)

@@ -145,8 +145,14 @@ class Sampler:
     seed_base: int
     client: SamplingClient | None = None
     ready: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    snapshot_of: tuple["Model", int] | None = None  # (training model, its sync number) when on a snapshot slot
+    folder: str | None = None  # the named sampler checkpoint it samples, once its slot is reused
     _seen: dict[str, int] = field(default_factory=dict)  # prompt digest -> samples asked for it so far
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def superseded(self) -> bool:
+        """Its snapshot slot holds a later sync's weights now (a slot is rewritten in place)."""
+        return self.snapshot_of is not None and _rewritten(*self.snapshot_of)
 
     def next_seed(self, prompt: list[int], seq: int | None) -> int:
         """The seed of a request that gives none: from the sampler, the prompt and the request's
@@ -207,7 +213,8 @@ class Service:
         self.pending: dict[str, Pending] = {}
         self._keys: dict[tuple, str] = {}  # (tenant, kind, natural key...) -> request id
         self._queued: dict[str, int] = {}  # tenant -> requests submitted and not finished
-        self._snapshots: dict[tuple[str, str], StateHandle] = {}  # (tenant, tinker path) -> sampler snapshot
+        # (tenant, tinker path) -> (snapshot, its model, its sync number): a named sampler still in a slot
+        self._snapshots: dict[tuple[str, str], tuple[StateHandle, Model, int]] = {}
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._work = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="plexrl-serve")
@@ -580,16 +587,18 @@ class Service:
             raise BadRequest("save_weights_for_sampler needs 'path' (a named checkpoint) or "
                              "'sampling_session_seq_id' (an unnamed sampler)")
 
-        def sync(model: Model) -> StateHandle:
-            """A weight sync into one of the model's snapshot slots (the runtime's fast path)."""
+        def sync(model: Model) -> tuple[StateHandle, int]:
+            """A weight sync into one of the model's snapshot slots (the runtime's fast path), and its
+            number: the slot is rewritten in place by the sync SNAPSHOT_SLOTS later."""
             model.syncs += 1
             slot = f"sampler{model.syncs % SNAPSHOT_SLOTS}"
-            return model.client.save_weights_for_sampler(slot).result()
+            return model.client.save_weights_for_sampler(slot).result(), model.syncs
 
         if name is not None:
             def extra(model: Model, answer: dict) -> dict:
-                handle = sync(model)
-                self._bind_snapshot(tenant, model, answer["path"], handle)
+                handle, number = sync(model)
+                with self._lock:
+                    self._snapshots[(tenant, answer["path"])] = (handle, model, number)
                 return answer
 
             return self._save(tenant, body, seq, name, "sampler_weights", with_optimizer=False, extra=extra)
@@ -600,17 +609,14 @@ class Service:
         def call(model: Model) -> APIFuture:
             return self._work.submit(lambda: sync(model))
 
-        def finish(model: Model, handle: StateHandle) -> Outcome:
+        def finish(model: Model, synced: tuple[StateHandle, int]) -> Outcome:
             sampler = self._new_sampler(session, sampler_seq, model.run.base_model, None)
-            sampler.client = SamplingClient(self.cluster, handle, sampler.seed_base)
+            sampler.client = SamplingClient(self.cluster, synced[0], sampler.seed_base)
+            sampler.snapshot_of = (model, synced[1])
             sampler.ready.set_result(None)
             return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sampler.sampler_id})
 
         return self._model_call(tenant, model.model_id, seq, "save_weights_for_sampler", _as_api(call), finish)
-
-    def _bind_snapshot(self, tenant: str, model: Model, tinker_path: str, handle: StateHandle) -> None:
-        with self._lock:
-            self._snapshots[(tenant, tinker_path)] = handle
 
     def load_weights(self, tenant: str, body: dict) -> str:
         path = body.get("path")
@@ -691,12 +697,12 @@ class Service:
         sampler = self._new_sampler(session, seq, base_model, model_path)
 
         def build():
-            if snapshot is not None and _alive(self.cluster, snapshot):
-                sampler.client = SamplingClient(self.cluster, snapshot, sampler.seed_base)
+            sampler.folder = record.folder if record is not None else None
+            if snapshot is not None and not _rewritten(*snapshot[1:]):
+                handle, model, number = snapshot
+                sampler.client, sampler.snapshot_of = SamplingClient(self.cluster, handle, sampler.seed_base), (model, number)
             else:
-                folder = record.folder if record is not None else self._folder(base_model)
-                name = f"sampler:{seq}"
-                sampler.client = session.client.create_sampling_client(folder, name=name, seed=sampler.seed_base)
+                self._load_frozen(session, sampler, sampler.folder or self._folder(base_model))
             sampler.ready.set_result(None)
             return {"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id}
 
@@ -704,6 +710,26 @@ class Service:
         answer.add_done_callback(lambda f: f.exception() and not sampler.ready.done()
                                  and sampler.ready.set_exception(f.exception()))
         return answer
+
+    def _load_frozen(self, session: Session, sampler: Sampler, folder: str) -> None:
+        """The sampler's weights as a frozen model of the session's job, loaded from `folder` (on a
+        service thread: it waits for admission)."""
+        name = "sampler:" + sampler.sampler_id.rsplit(":", 1)[1]
+        sampler.client = session.client.create_sampling_client(folder, name=name, seed=sampler.seed_base)
+        sampler.snapshot_of = None
+
+    def _off_reused_slot(self, session: Session, sampler: Sampler) -> None:
+        """A sampler whose snapshot slot a later sync rewrote samples its own checkpoint from now
+        on; an unnamed one has none and fails clearly."""
+        with sampler._lock:
+            if not sampler.superseded():
+                return
+            if sampler.folder is None:
+                raise errors.InvalidInput(
+                    f"sampling session {sampler.sampler_id!r} samples weights of an unnamed save_weights_for_sampler "
+                    f"that {SNAPSHOT_SLOTS} later syncs of its model have replaced; save named sampler weights "
+                    "(save_weights_for_sampler(path)) to sample them later")
+            self._load_frozen(session, sampler, sampler.folder)
 
     def sampler_info(self, tenant: str, sampler_id: str) -> dict:
         sampler = self._sampler(tenant, sampler_id)
@@ -740,7 +766,20 @@ class Service:
             def go(_):
                 if sampler.ready.exception() is not None:
                     _resolve(future, Outcome.failed(sampler.ready.exception()))
+                elif sampler.superseded():
+                    self._work.submit(reload_then_run)  # loading a model waits: not on the caller's thread
+                else:
+                    run()
+
+            def reload_then_run():
+                try:
+                    self._off_reused_slot(session, sampler)
+                except Exception as exc:
+                    _resolve(future, Outcome.failed(exc))
                     return
+                run()
+
+            def run():
                 api_future = sampler.client.sample(prompt, num_samples, params, include_prompt_logprobs=with_prompt)
                 box["submitted"] = True
                 api_future.add_done_callback(lambda done: _finish_sample(done, future))  # encodes only
@@ -859,11 +898,9 @@ def _finish_sample(done: APIFuture, future) -> None:
     _resolve(future, outcome)
 
 
-def _alive(cluster, handle: StateHandle) -> bool:
-    try:
-        return handle.state_id in cluster.residency()
-    except Exception:
-        return False
+def _rewritten(model: "Model", number: int) -> bool:
+    """The snapshot slot of `model`'s sync `number` holds a later sync's weights (slots are rewritten in place)."""
+    return model.syncs >= number + SNAPSHOT_SLOTS
 
 
 def parse_tinker_path(path: Any) -> tuple[str, str, str]:
