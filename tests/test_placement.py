@@ -244,8 +244,9 @@ def test_a_group_ruled_out_of_scoring_zero_scores_above_zero_at_every_shift(name
         shifts = placer._shift_slots(profile)
         share = placer._shifted_demand(profile, float(now), shifts) / profile.devices
         placer._units = view.units_per_node(profile)
-        may_zero = placer._may_score_zero(groups, share, profile)
-        bounds = placer._lower_bounds(groups, share, profile)
+        cool = placer.horizon.load.max(axis=1) + share.max() <= 1.0 + 1e-9
+        may_zero = placer._may_score_zero(groups, share, profile, cool)
+        bounds = placer._lower_bounds(groups, share, profile, cool)
         for g, maybe, bound in zip(groups, may_zero, bounds):
             lo, hi = view.group_rows[g]
             hot = placer.horizon.load[lo:hi] + share.max() > 1.0 + 1e-9

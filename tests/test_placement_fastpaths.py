@@ -1,14 +1,18 @@
 """The placer's fast paths against plain references: twin rows costed once
-(`_device_costs` vs `_row_costs` on every row), the horizon's per-row index (`names_on` vs
-filtering every job), and the refusal without a search (`_refused_everywhere`: whenever it
-answers Wait, the full search refuses too, and every decision equals that of a placer
-without it)."""
+(`_device_costs` vs `_row_costs` on every row), row reductions over occupied rows only and
+probes over warm rows only (vs reducing and probing every row), the horizon's per-row index
+(`names_on` vs filtering every job), and the refusal without a search (`_refused_everywhere`:
+whenever it answers Wait, the full search refuses too, and every decision equals that of a
+placer without it)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from plexrl.bench.placement import random_profile
 from plexrl.policy.horizon import Horizon
 from plexrl.policy.placement import Placement, Placer, Wait
 from plexrl.policy.profile import JobProfile, ModelMemory
@@ -51,6 +55,83 @@ def test_twin_rows_cost_what_every_row_costs(seed):
     hot = placer.horizon.load + share.max() > 1.0
     fast = placer._device_costs(0, share, hot)
     assert np.array_equal(fast, placer._row_costs(0, share, hot))  # bit for bit
+
+
+# -- occupied rows and warm rows ---------------------------------------------------------------
+
+
+def reference_probe_room(placer: Placer, groups, share):
+    """`_probe_room` as it was: every row of the groups read."""
+    spans = [placer.view.group_rows[g] for g in groups]
+    rows = np.concatenate([np.arange(a, b) for a, b in spans])
+    load = placer.horizon.load[rows]
+    hot = load + share.max() > 1.0 + 1e-9
+    cols = np.flatnonzero(hot.any(axis=0))
+    cols = cols[:: max(1, len(cols) // 48)]
+    return spans, np.where(hot[:, cols], 1.0 - load[:, cols], np.inf), cols
+
+
+def reference_may_score_zero(placer: Placer, groups, share, profile):
+    spans, room, cols = reference_probe_room(placer, groups, share)
+    free = ~(share[:, None, cols] > (room + 1e-6 / placer.horizon.slot_s)[None]).any(axis=2)
+    starts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
+    return (np.add.reduceat(free, starts, axis=1) >= profile.devices).any(axis=0)
+
+
+def reference_lower_bounds(placer: Placer, groups, share, profile):
+    spans, room, cols = reference_probe_room(placer, groups, share)
+    over = share[:, None, cols] - room[None]
+    per_row = np.maximum(over, 0.0, out=over).sum(axis=2) * placer.horizon.slot_s
+    width = max(b - a for a, b in spans)
+    padded = np.full((len(share), len(groups), width), np.inf)
+    where = np.concatenate([i * width + np.arange(b - a) for i, (a, b) in enumerate(spans)])
+    padded.reshape(len(share), -1)[:, where] = per_row
+    need = profile.devices
+    return np.round(np.partition(padded, need - 1, axis=2)[:, :, :need].sum(axis=2).min(axis=0) - 1e-6, 6)
+
+
+def busy_placer(seed: int, steps: int = 40):
+    """A placer after random places and releases of bench-like jobs (peaks of 0.3 to 1 device
+    each), with the time now and a newcomer's (profile, share) at every step: groups of empty,
+    cool and hot rows."""
+    rng = np.random.default_rng(seed)
+    placer = Placer(ResourceView.uniform(1, 3, 2, 4, 80 * GiB, 512 * GiB), horizon_slots=128, slot_s=1.0)
+    for i in range(steps):
+        now = 3.0 * i
+        if placer.placements() and rng.random() < 0.3:
+            placer.release(sorted(placer.placements())[int(rng.integers(len(placer.placements())))])
+        devices = int(rng.choice([1, 2, 4, 8]))
+        profile = random_profile(rng, f"j{i}", devices, int(rng.integers(8, 65)), slack=np.inf)
+        profile = replace(profile, demand=tuple(np.asarray(profile.demand) * rng.uniform(0.3, 1.0)))
+        placer.horizon.advance(now)
+        shifts = placer._shift_slots(profile)
+        yield placer, profile, placer._shifted_demand(profile, now, shifts) / devices
+        placer.place(profile, now)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_reductions_over_occupied_rows_equal_those_over_every_row(seed):
+    for placer, _, _ in busy_placer(seed):
+        sums, maxima = placer._row_sums_and_maxima()
+        load = placer.horizon.load
+        assert np.array_equal(sums, load.sum(axis=1)) and np.array_equal(maxima, load.max(axis=1))  # bit for bit
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_probes_of_warm_rows_equal_probes_of_every_row(seed):
+    cool_seen = warm_seen = 0
+    for placer, profile, share in busy_placer(seed):
+        cool = placer.horizon.load.max(axis=1) + share.max() <= 1.0 + 1e-9
+        groups = [int(g) for g in placer.view.feasible_groups(profile)]
+        cool_seen, warm_seen = cool_seen + cool.sum(), warm_seen + (~cool).sum()
+        for some in (groups, groups[1:2], groups[::-2]):
+            if not some:
+                continue
+            assert np.array_equal(placer._may_score_zero(some, share, profile, cool),
+                                  reference_may_score_zero(placer, some, share, profile))
+            assert np.array_equal(placer._lower_bounds(some, share, profile, cool),
+                                  reference_lower_bounds(placer, some, share, profile))
+    assert cool_seen and warm_seen
 
 
 # -- the horizon's row index -------------------------------------------------------------------

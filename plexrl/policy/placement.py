@@ -141,6 +141,9 @@ class Placer:
         self._placed: dict[str, _Placed] = {}
         self._units: np.ndarray | None = None  # replicas per node, cached for one search
         self._measured: dict[str, float] = {}  # job -> its latest measured step inflation (`observe`)
+        # jobs with a share on each row; a row without any holds exactly 0.0 in every column
+        # (the horizon adds to a row only for a job on it and rebuilds a row from zeros on remove)
+        self._row_jobs = np.zeros(len(view.row_device), dtype=np.int64)
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -189,6 +192,7 @@ class Placer:
         if placed is not None:
             self.view.free(job)
             self.horizon.remove(job)
+            self._row_jobs[self._rows_of(placed)] -= 1
 
     def replace(self, profile: JobProfile, now: float) -> Placement | Wait:
         """Re-place a placed job with a new (measured) profile; on Wait it keeps its old place.
@@ -272,8 +276,8 @@ class Placer:
 
     def _visit(self, groups: np.ndarray, profile: JobProfile, share: np.ndarray) -> _Candidate:
         load, peak = self.horizon.load, share.max()
-        row_load = load.sum(axis=1)
-        cool_rows = load.max(axis=1) + peak <= 1.0 + _TINY  # no cell where the job could overload
+        row_load, row_max = self._row_sums_and_maxima()
+        cool_rows = row_max + peak <= 1.0 + _TINY  # no cell where the job could overload
         all_cool = self._all_cool(cool_rows, profile)
         zero_ahead = bool(all_cool[groups].any())
         order = groups[np.lexsort((groups, -self._carried(groups, row_load)))]
@@ -282,9 +286,9 @@ class Placer:
             block = [int(g) for g in order[lo_g: lo_g + _BOUND_BLOCK]]
             cut = next((i for i, g in enumerate(block) if all_cool[g]), len(block))
             if zero_ahead:  # only a group that can score 0 may come before a cool one: a cheaper test
-                bounds = np.where(self._may_score_zero(block[:cut], share, profile), 0.0, np.inf)
+                bounds = np.where(self._may_score_zero(block[:cut], share, profile, cool_rows), 0.0, np.inf)
             else:
-                bounds = self._lower_bounds(block[:cut], share, profile)
+                bounds = self._lower_bounds(block[:cut], share, profile, cool_rows)
             for g, bound in zip(block[:cut], bounds):
                 if (zero_ahead and bound > 0.0) or (best is not None and bound >= best.score):
                     continue
@@ -303,6 +307,17 @@ class Placer:
                 return _Candidate(g, 0, 0.0, self._choose(g, cost, profile))
         return best
 
+    def _row_sums_and_maxima(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's summed load and its largest cell: `load.sum(axis=1)` and `load.max(axis=1)`
+        bit for bit (each row reduced alone, the same way), passing over occupied rows only
+        (an empty row holds only 0.0)."""
+        occupied = np.flatnonzero(self._row_jobs)
+        sums, maxima = np.zeros(len(self._row_jobs)), np.zeros(len(self._row_jobs))
+        if len(occupied):
+            load = self.horizon.load[occupied]
+            sums[occupied], maxima[occupied] = load.sum(axis=1), load.max(axis=1)
+        return sums, maxima
+
     def _all_cool(self, cool_rows: np.ndarray, profile: JobProfile) -> np.ndarray:
         """Per group: its nodes have enough whole replicas of devices without a hot cell (within
         host room), so the job scores 0 there at every shift."""
@@ -311,29 +326,34 @@ class Placer:
         units = np.minimum(cool, self._units) * profile.replica_devices
         return np.add.reduceat(units, self.view.group_first_node) >= profile.devices
 
-    def _may_score_zero(self, groups: list[int], share: np.ndarray, profile: JobProfile) -> np.ndarray:
+    def _may_score_zero(self, groups: list[int], share: np.ndarray, profile: JobProfile,
+                        cool_rows: np.ndarray) -> np.ndarray:
         """Per group: False where it scores above 0 at every shift (exact pruning), found on the
         probe columns (`_probe_room`). A device overloaded on some cell by more than
         1e-6 / slot_s costs at least 1e-6 device-seconds, which its rounding keeps; a group with
-        fewer than `devices` devices free of such a probe cell at a shift must use one there."""
+        fewer than `devices` devices free of such a probe cell at a shift must use one there.
+        A cool row has no hot cell: it is free at every shift."""
         if not groups:
             return np.zeros(0, dtype=bool)
-        spans, room, cols = self._probe_room(groups, share)
-        free = ~(share[:, None, cols] > (room + 1e-6 / self.horizon.slot_s)[None]).any(axis=2)  # (shifts, rows)
+        spans, warm, room, cols = self._probe_room(groups, share, cool_rows)
+        free = np.ones((len(share), len(warm)), dtype=bool)  # (shifts, rows)
+        free[:, warm] = ~(share[:, None, cols] > (room + 1e-6 / self.horizon.slot_s)[None]).any(axis=2)
         starts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
         return (np.add.reduceat(free, starts, axis=1) >= profile.devices).any(axis=0)
 
-    def _lower_bounds(self, groups: list[int], share: np.ndarray, profile: JobProfile) -> np.ndarray:
+    def _lower_bounds(self, groups: list[int], share: np.ndarray, profile: JobProfile,
+                      cool_rows: np.ndarray) -> np.ndarray:
         """A lower bound of each group's best score over all shifts: each device's overload on
         the probe columns (`_probe_room`), then the job's cheapest devices per group, ignoring
         nodes. Spread samples refute a zero score
         about as well as every cell does when periods differ; either way the bound prunes
-        exactly. One vector pass for all `groups`."""
+        exactly. One vector pass for all `groups`; a cool row costs 0 at every shift."""
         if not groups:
             return np.zeros(0)
-        spans, room, cols = self._probe_room(groups, share)
-        over = share[:, None, cols] - room[None]  # (shifts, rows, probes)
-        per_row = np.maximum(over, 0.0, out=over).sum(axis=2) * self.horizon.slot_s
+        spans, warm, room, cols = self._probe_room(groups, share, cool_rows)
+        over = share[:, None, cols] - room[None]  # (shifts, warm rows, probes)
+        per_row = np.zeros((len(share), len(warm)))
+        per_row[:, warm] = np.maximum(over, 0.0, out=over).sum(axis=2) * self.horizon.slot_s
         # per group, the job's `devices` cheapest rows at each shift (groups padded with +inf)
         width = max(b - a for a, b in spans)
         padded = np.full((len(share), len(groups), width), np.inf)
@@ -344,17 +364,22 @@ class Placer:
         # rounded like the scores; a micro device-second less leaves room for their rounding
         return np.round(cheapest - 1e-6, 6)
 
-    def _probe_room(self, groups: list[int], share: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
-        """(each group's row span, room[r, p], the probe columns): up to `_PROBES` of the
-        groups' hot columns, spread evenly over the horizon, and each row's room on them
-        (1 - load on a hot cell; +inf where the job cannot overload it)."""
+    def _probe_room(self, groups: list[int], share: np.ndarray, cool_rows: np.ndarray
+                    ) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray, np.ndarray]:
+        """(each group's row span, which of the groups' rows are warm, room[w, p], the probe
+        columns): up to `_PROBES` of the groups' hot columns, spread evenly over the horizon,
+        and each warm row's room on them (1 - load on a hot cell; +inf where the job cannot
+        overload it). Only warm rows (not `cool_rows`) have hot cells; cool ones are not read."""
         spans = [self.view.group_rows[g] for g in groups]
         rows = np.concatenate([np.arange(a, b) for a, b in spans])
-        load = self.horizon.load[rows]
-        hot = load + share.max() > 1.0 + _TINY
-        cols = np.flatnonzero(hot.any(axis=0))
+        warm = ~cool_rows[rows]
+        load = self.horizon.load[rows[warm]]
+        peak, threshold = share.max(), 1.0 + _TINY
+        # a column is hot on some row iff on the row with its largest load (adding is monotone)
+        cols = np.flatnonzero(load.max(axis=0, initial=-np.inf) + peak > threshold)
         cols = cols[:: max(1, len(cols) // _PROBES)]
-        return spans, np.where(hot[:, cols], 1.0 - load[:, cols], np.inf), cols
+        at = load[:, cols]
+        return spans, warm, np.where(at + peak > threshold, 1.0 - at, np.inf), cols
 
     def _device_costs(self, first_row: int, share: np.ndarray, hot: np.ndarray) -> np.ndarray:
         """cost[d, k]: overload device-seconds on row first_row + d with the job's share shifted
@@ -588,8 +613,13 @@ class Placer:
     def _hold(self, placed: _Placed) -> None:
         job, p = placed.profile.job, placed.placement
         self.view.allocate(job, p.devices, placed.profile.host_bytes_per_device, placed.profile.shared_host_bytes)
-        self.horizon.add(job, [self.view.device_rows[d] for d in p.devices], placed.profile, placed.anchor_s)
+        rows = self._rows_of(placed)
+        self.horizon.add(job, rows, placed.profile, placed.anchor_s)
+        self._row_jobs[rows] += 1
         self._placed[job] = placed
+
+    def _rows_of(self, placed: _Placed) -> list[int]:
+        return [self.view.device_rows[d] for d in placed.placement.devices]
 
 
 def wait_inflation(profile: JobProfile, tenants) -> float:
