@@ -213,7 +213,8 @@ def test_a_torn_write_back_loses_the_state_until_it_is_restored(cluster, tiny_mo
 METRICS_KEYS = {"switches", "device_busy_s", "transition_bytes", "transition_s", "device_busy_s_per_device",
                 "transitions", "jobs", "recovery", "residency", "bandwidth_gbps", "policy", "devices", "nodes",
                 "engine", "uptime_s", "placement", "migrations", "admission", "writebacks", "writeback_bytes",
-                "writeback_zeroed_bytes", "writeback_s"}
+                "writeback_zeroed_bytes", "writeback_s", "prefetches", "prefetch_bytes", "prefetch_s",
+                "prefetch_exposed_s"}
 
 
 def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):

@@ -21,7 +21,7 @@ from plexrl.policy.profile import (
     resample,
 )
 from plexrl.policy.resources import Node, NodeGroup, ResourceView
-from plexrl.policy.transitions import choose_window, plan_host_room, plan_load
+from plexrl.policy.transitions import choose_window, plan_host_room, plan_load, plan_prefetch
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
 __all__ = [
@@ -29,6 +29,6 @@ __all__ = [
     "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
     "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
-    "offload_estimate", "plan_host_room", "plan_load", "priorities", "profile_from_events", "resample",
+    "offload_estimate", "plan_host_room", "plan_load", "plan_prefetch", "priorities", "profile_from_events", "resample",
     "step_inflation",
 ]

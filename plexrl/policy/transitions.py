@@ -67,14 +67,33 @@ def plan_load(view: ResidencyView, state_id: str, device: int) -> LoadPlan | NoF
     return LoadPlan(state_id, device, offset, tuple(steps))
 
 
-def after(view: ResidencyView, transitions: list[Transition]) -> ResidencyView:
-    """The view once `transitions` (offloads, spills, restores) have run."""
+def after(view: ResidencyView, transitions: "list[Transition] | tuple[Transition, ...]") -> ResidencyView:
+    """The view once `transitions` (offloads, spills, restores, loads) have run."""
     tiers = {TransitionKind.OFFLOAD: Tier.HOST, TransitionKind.SPILL: Tier.DISK, TransitionKind.RESTORE: Tier.HOST}
     states = dict(view.states)
     for t in transitions:
         if t.kind in tiers:
             states[t.state_id] = replace(states[t.state_id], tier=tiers[t.kind], device=None, offset=None)
+        elif t.kind is TransitionKind.LOAD:
+            states[t.state_id] = replace(states[t.state_id], tier=Tier.DEVICE, device=t.device, offset=t.offset)
     return ResidencyView(states, view.device_capacity, view.host_capacity)
+
+
+def plan_prefetch(view: ResidencyView, state_id: str, device: int, running: LoadPlan) -> LoadPlan | None:
+    """A load of `state_id` onto `device` that can run while `running` (claimed, not yet run)
+    does: planned on the view as `running` leaves it, with only the steps a device takes — the
+    state is idle in host memory, and its victims are idle states of `device` (the window that
+    dispatching it next would take anyway). None when there is no such plan: a prefetch is
+    never a reason to spill, restore or move a state off another device."""
+    state = view.states.get(state_id)
+    if state is None or state.busy or state.tier is not Tier.HOST:
+        return None
+    plan = plan_load(after(view, running.transitions), state_id, device)
+    if isinstance(plan, NoFit) or not plan.is_switch:
+        return None
+    if any(t.kind not in (TransitionKind.OFFLOAD, TransitionKind.LOAD) for t in plan.transitions):
+        return None
+    return plan
 
 
 def choose_window(

@@ -20,6 +20,7 @@ Out of scope here: what is copied (the worker decides) and when (the node plans 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -98,6 +99,8 @@ class Streams:
         self.cuda = torch_device.startswith("cuda")
         self.torch_device = torch_device
         self._copy = None  # the side stream, made on first use (constructors do no device work)
+        self._ahead = None  # CUDA: the prefetch stream; CPU: the prefetch thread (load_ahead)
+        self._ahead_thread: ThreadPoolExecutor | None = None
 
     @property
     def copy_stream(self):
@@ -130,6 +133,23 @@ class Streams:
         compute.wait_event(span.end)
         return span
 
+    def load_ahead(self, region: torch.Tensor, host: torch.Tensor) -> "Ahead":
+        """region := host, overlapping the function this worker runs next (a prefetch). On CUDA
+        the copy runs on a stream of its own (not the side stream, whose write-back of the
+        running function must not queue behind it); on CPU on a thread of its own (torch's copy
+        releases the GIL). Every earlier call on this worker has finished (`finish`), so nothing
+        still reads the region."""
+        if not self.cuda:
+            if self._ahead_thread is None:
+                self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="plexrl-prefetch")
+            return Ahead(self._ahead_thread.submit(_timed_copy, region, host))
+        if self._ahead is None:
+            self._ahead = torch.cuda.Stream(device=self.torch_device)
+        span = Span(self._ahead)
+        with torch.cuda.stream(self._ahead):
+            region.copy_(host, non_blocking=True)
+        return Ahead(span=span.stop())
+
     def run(self) -> Span:
         """The span of a function on the compute stream (on CPU: the thread's CPU time)."""
         return Span(torch.cuda.current_stream(self.torch_device) if self.cuda else None, cpu_time=not self.cuda)
@@ -157,7 +177,32 @@ class Streams:
         """Every copy and function issued so far is done (a call's times can be read)."""
         if self.cuda:
             self.copy_stream.synchronize()
+            if self._ahead is not None:
+                self._ahead.synchronize()
             torch.cuda.current_stream(self.torch_device).synchronize()
+
+
+class Ahead:
+    """A prefetch in flight (`Streams.load_ahead`): `wait(function_end_s, function)` once the
+    function it overlaps has been issued gives (the copy's seconds, the part of them the function
+    did not hide: from the function's end to the copy's end, or 0)."""
+
+    def __init__(self, future: Future | None = None, span: Span | None = None):
+        self._future, self._span = future, span
+
+    def wait(self, function_end_s: float, function: Span) -> tuple[float, float]:
+        if self._future is not None:  # CPU: host clocks, from the copy's thread
+            start, end = self._future.result()
+            return end - start, max(0.0, end - function_end_s)
+        self._span.end.synchronize()
+        function.end.synchronize()
+        return self._span.seconds(), max(0.0, function.end.elapsed_time(self._span.end) / 1e3)
+
+
+def _timed_copy(region: torch.Tensor, host: torch.Tensor) -> tuple[float, float]:
+    start = time.perf_counter()
+    region.copy_(host)
+    return start, time.perf_counter()
 
 
 def _write_back(host, device, copy, clear, halfway) -> None:

@@ -24,6 +24,7 @@ class Telemetry:
         self.bandwidth = BandwidthEstimator(bandwidth_prior)
         self.exec_estimates = ExecEstimator(exec_prior_s)
         self.writeback = {"writebacks": 0, "writeback_bytes": 0, "writeback_zeroed_bytes": 0, "writeback_s": 0.0}
+        self.prefetch = {"prefetches": 0, "prefetch_bytes": 0, "prefetch_s": 0.0, "prefetch_exposed_s": 0.0}
         self._lock = threading.Lock()
         self.epoch = time.time() if epoch is None else epoch
         self._t0 = time.perf_counter() - (time.time() - self.epoch)
@@ -32,14 +33,18 @@ class Telemetry:
         return time.perf_counter() - self._t0
 
     def transition(self, t: Transition, job: str, moved_bytes: int, seconds: float, node: int, start: float,
-                   state_bytes: int = 0) -> None:
+                   state_bytes: int = 0, charged_s: float | None = None) -> None:
+        """`seconds` the transition took; `charged_s` (default: all of them) the part it held its
+        device: a prefetched load overlaps a function, which the device's time already counts."""
         device_side = t.device if t.kind.value in ("load", "offload") else None
+        charged = seconds if charged_s is None else charged_s
         with self._lock:
-            self.ledger.charge_transition(job, device_side, t.kind.value, moved_bytes, seconds)
+            self.ledger.charge_transition(job, device_side, t.kind.value, moved_bytes, charged)
             self.bandwidth.observe(t.kind.value, moved_bytes, seconds)
+        extra = {} if charged_s is None else {"hidden_s": seconds - charged}
         self.events.emit(
             start, "transition", kind=t.kind.value, state=t.state_id, job=job, device=t.device,
-            node=node, bytes=moved_bytes, seconds=seconds, state_bytes=state_bytes,
+            node=node, bytes=moved_bytes, seconds=seconds, state_bytes=state_bytes, **extra,
         )
 
     def executed(self, job: str, model: str, fn: str, device: int | None, seconds: float,
@@ -55,6 +60,13 @@ class Telemetry:
             for key, value in (("writebacks", 1), ("writeback_bytes", copied_bytes),
                                ("writeback_zeroed_bytes", zeroed_bytes), ("writeback_s", seconds)):
                 self.writeback[key] += value
+
+    def prefetched(self, nbytes: int, seconds: float, exposed_s: float) -> None:
+        """A load that overlapped a function (device_worker.py): its copy time and the part not hidden."""
+        with self._lock:
+            for key, value in (("prefetches", 1), ("prefetch_bytes", nbytes), ("prefetch_s", seconds),
+                               ("prefetch_exposed_s", exposed_s)):
+                self.prefetch[key] += value
 
     def waited(self, job: str, seconds: float) -> None:
         with self._lock:
@@ -80,5 +92,6 @@ class Telemetry:
         with self._lock:
             out = self.ledger.summary()
             out.update(self.writeback)
+            out.update(self.prefetch)
             out["bandwidth_gbps"] = {k: self.bandwidth.bytes_per_s(k) / 1e9 for k in ("load", "offload", "spill", "restore")}
         return out
