@@ -27,6 +27,14 @@ def test_bench_switch_json(capsys):
     assert out["writeback_s_per_step"] > 0 and out["whole_state_writeback_s_per_step"] > 0
 
 
+def test_bench_prefetch_json(capsys):
+    out = run_json(capsys, ["bench", "prefetch", "--json", "--size-mb", "8", "--rounds", "2", "--tokens", "8"])
+    assert out["calls"] == 2 * 2 * 2, "two jobs, two models each, two rounds"
+    assert 0 < out["prefetched_loads"] <= out["loads_on"], "jobs taking turns on one device prefetch their next state"
+    assert 0.0 <= out["hidden_fraction"] <= 1.0
+    assert 0 <= out["switch_in_s_per_call_on"] and 0 < out["switch_in_s_per_call_off"]
+
+
 def test_bench_dispatch_json(capsys):
     out = run_json(capsys, ["bench", "dispatch", "--json", "--requests", "50", "--queued", "100"])
     assert {"overhead_ms_per_request", "decision_us_p99"} <= set(out)

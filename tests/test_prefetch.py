@@ -111,7 +111,7 @@ def test_prefetch_changes_no_result_and_is_counted(tiny_model, engine):
     results, metrics = {}, {}
     for prefetch in (False, True):
         with make(devices=1, device_memory_bytes=two_trainers_bytes(tiny_model), host_memory_bytes=64 << 20,
-                  prefetch=prefetch) as cluster:
+                  activation_reserve_bytes=0, prefetch=prefetch) as cluster:  # the budget is the states' alone
             results[prefetch] = turns(cluster, tiny_model)
             metrics[prefetch] = cluster.metrics()
             events = cluster.events()

@@ -7,6 +7,7 @@ import sys
 
 BENCHES = {
     "switch": "plexrl.bench.switch",
+    "prefetch": "plexrl.bench.prefetch",
     "dispatch": "plexrl.bench.dispatch",
     "placement": "plexrl.bench.placement",
     "faults": "plexrl.bench.faults",
