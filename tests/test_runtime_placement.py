@@ -116,3 +116,25 @@ def test_migration_moves_states_and_changes_no_result(tiny_model):
              and (e.get("state") == "job/policy" or e["event"] == "migration")]
     assert [e["event"] for e in moves] == ["state_added", "state_removed", "migration", "state_added"], moves
     assert moves[0]["node"] == moves[1]["node"] == moves[2]["source"] != moves[3]["node"] == moves[2]["target"]
+
+
+def test_the_placer_is_told_each_jobs_measured_inflation(tiny_model):
+    """The closed loop (issue #11): after MEASURED_STEPS steps where it was placed, a job's step
+    inflation against its profile's period reaches the placer (Placer.observe) and the metrics."""
+    from plexrl.policy import MEASURED_STEPS
+
+    nbytes = state_bytes(tiny_model)
+    with plexrl.LocalCluster(nodes=1, devices_per_node=1, device_memory_bytes=4 * nbytes + reserve_bytes(tiny_model),
+                             host_memory_bytes=8 * nbytes, slot_s=0.05, profile_steps=100) as c:
+        service = c.service_client("slow", profile=square_wave("slow", nbytes))  # a period of 0.2 s
+        trainer = service.create_training_client(base_model=tiny_model)
+        placer = c.control.target.placer.placer
+        for step in range(MEASURED_STEPS + 1):
+            trainer.forward_backward([datum([5, 6, 7])]).result()
+            time.sleep(0.3)  # each step takes >= 0.3 s: >= 50% longer than its profile says
+            c.report_step("slow", step)
+            if step < MEASURED_STEPS - 1:
+                assert "slow" not in placer._measured, f"measured after {step + 1} steps, before {MEASURED_STEPS}"
+        measured = c.metrics()["placement"]["slow"]["measured_inflation"]
+        assert measured is not None and measured >= 0.5, f"measured inflation {measured}; each step took >= 1.5 periods"
+        assert placer._measured["slow"] == measured

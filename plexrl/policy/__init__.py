@@ -5,7 +5,7 @@ clock, no torch or ray: time is an argument and randomness an injected generator
 """
 
 from plexrl.policy.accounting import JobUsage, Ledger
-from plexrl.policy.admission import Admission, AdmissionQueue, Waiting
+from plexrl.policy.admission import MEASURED_STEPS, Admission, AdmissionQueue, Waiting, measured_inflation
 from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
 from plexrl.policy.group_queue import GroupQueue, Head
 from plexrl.policy.horizon import Horizon
@@ -25,10 +25,10 @@ from plexrl.policy.transitions import choose_window, plan_host_room, plan_load, 
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
 __all__ = [
-    "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit", "GroupQueue",
-    "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
+    "MEASURED_STEPS", "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit",
+    "GroupQueue", "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
     "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
-    "offload_estimate", "plan_host_room", "plan_load", "plan_prefetch", "priorities", "profile_from_events", "resample",
-    "step_inflation",
+    "measured_inflation", "offload_estimate", "plan_host_room", "plan_load", "plan_prefetch", "priorities",
+    "profile_from_events", "resample", "step_inflation",
 ]

@@ -11,8 +11,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collections.abc import Sequence
+
 from plexrl.policy.placement import Placement, Placer, Wait
 from plexrl.policy.profile import JobProfile
+
+MEASURED_STEPS = 3  # steps a job's measured inflation averages over (the closed loop)
+
+
+def measured_inflation(step_times_s: Sequence[float], period_s: float, last: int = MEASURED_STEPS) -> float:
+    """A placed job's measured step inflation, what `Placer.observe` takes: the mean of its last
+    `last` step durations against the period of the profile it was placed with, minus one,
+    rounded to a point (the simulator and the runtime both measure it so)."""
+    recent = list(step_times_s)[-last:]
+    if not recent or period_s <= 0:
+        raise ValueError(f"measured_inflation needs step times and a positive period; got {len(recent)} steps "
+                         f"and period_s={period_s}")
+    return round(sum(recent) / (len(recent) * period_s) - 1, 2)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import numpy as np
 
 from plexrl import errors
 from plexrl.policy import (
+    MEASURED_STEPS,
     AdmissionQueue,
     FirstFit,
     JobProfile,
@@ -31,6 +32,7 @@ from plexrl.policy import (
     ResourceView,
     Wait,
     drifted,
+    measured_inflation,
     profile_from_events,
 )
 
@@ -52,6 +54,8 @@ class JobRecord:
     replacements: int = 0
     reason: str = ""  # the latest Wait reason while waiting
     history: list[str] = field(default_factory=list)
+    step_marks: list[float] = field(default_factory=list)  # its latest step boundaries since it was (re-)placed
+    measured: float | None = None  # its measured step inflation, as the placer was last told
 
 
 class JobPlacer:
@@ -141,14 +145,17 @@ class JobPlacer:
 
     def on_step(self, job: str, events: Callable[[], list[dict]], models: list[ModelMemory],
                 now: float) -> Placement | None:
-        """Called at a job's step boundary; every `profile_steps` steps the job's profile is
-        measured from `events()` (read only then: it is the whole log). Returns a new placement
-        when the job must move."""
+        """Called at a job's step boundary. The closed loop: once the job has run MEASURED_STEPS
+        steps where it is, the placer is told its measured step inflation (`Placer.observe`;
+        admission judges its group's room by it). Every `profile_steps` steps the job's profile
+        is measured from `events()` (read only then: it is the whole log). Returns a new
+        placement when the job must move."""
         with self._cond:
             record = self.jobs.get(job)
             if record is None or record.placement is None or not models:
                 return None
             record.steps_seen += 1
+            self._observe(job, record, now)
             if record.steps_seen % self.profile_steps:
                 return None
             try:
@@ -165,10 +172,23 @@ class JobPlacer:
                 return None
             moved = decision.group != record.placement.group
             record.profile, record.placement, record.provisional = measured, decision, False
+            record.step_marks = [now]  # measured against its new profile from here on
             record.history.append(decision.group)
             if moved:
                 record.migrations += 1
             return decision if moved or decision.phase_shift_s > 0 else None
+
+    def _observe(self, job: str, record: JobRecord, now: float) -> None:
+        """Tell the placer the job's step inflation over its last MEASURED_STEPS steps against the
+        period of the profile it was placed with (a provisional profile is a guess: not measured
+        against), when it changed by a point or more."""
+        record.step_marks = [*record.step_marks, now][-(MEASURED_STEPS + 1):]
+        if record.provisional or len(record.step_marks) <= MEASURED_STEPS:
+            return
+        inflation = measured_inflation(np.diff(record.step_marks).tolist(), record.profile.period_s)
+        if record.measured != inflation:
+            record.measured = inflation
+            self.placer.observe(job, inflation)
 
     # -- observability ----------------------------------------------------------------------------------
     def summary(self) -> dict[str, dict]:
@@ -184,6 +204,7 @@ class JobPlacer:
                     "phase_shift_s": None if p is None else p.phase_shift_s,
                     "score": None if p is None else p.score,
                     "inflation": None if p is None else p.inflation,
+                    "measured_inflation": r.measured,
                     "provisional": r.provisional,
                     "queueing_delay_s": delays.get(job, 0.0),
                     "waiting_reason": waiting.get(job),

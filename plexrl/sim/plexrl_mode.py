@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from plexrl.policy.admission import AdmissionQueue
+from plexrl.policy.admission import AdmissionQueue, measured_inflation
 from plexrl.policy.placement import FirstFit, Placement, Placer
 from plexrl.policy.profile import JobProfile
 from plexrl.policy.resources import ResourceView
@@ -34,7 +34,6 @@ from plexrl.sim.service import SimJob
 from plexrl.errors import ConfigError
 from plexrl.sim.workload import GB, Cluster
 
-MEASURED_STEPS = 3  # steps a job's measured inflation averages over (closed loop)
 SLOT_S = 5.0  # placer horizon slot: 1,024 slots cover ~85 minutes, a few steps of most jobs
 HORIZON_SLOTS = 1024
 
@@ -126,11 +125,10 @@ class PlexRLMode(Mode):
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
 
     def _measure(self, job: SimJob) -> None:
-        """Closed loop: tell the placer the job's measured inflation, its last `MEASURED_STEPS`
+        """Closed loop: tell the placer the job's measured inflation, its last `policy.MEASURED_STEPS`
         steps against its profile's period (what a runtime measures too), when it moved by a
         point or more."""
-        recent = job.step_times[-MEASURED_STEPS:]
-        inflation = round(sum(recent) / (len(recent) * self.profiles[job.name].period_s) - 1, 2)
+        inflation = measured_inflation(job.step_times, self.profiles[job.name].period_s)
         if self.measured.get(job.name) != inflation:
             self.measured[job.name] = inflation
             self.admission.placer.observe(job.name, inflation)
