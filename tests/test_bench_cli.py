@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from plexrl.cli import main
+from tests.test_vllm import needs_vllm
 
 
 def run_json(capsys, argv):
@@ -33,6 +34,40 @@ def test_bench_prefetch_json(capsys):
     assert 0 < out["prefetched_loads"] <= out["loads_on"], "jobs taking turns on one device prefetch their next state"
     assert 0.0 <= out["hidden_fraction"] <= 1.0
     assert 0 <= out["switch_in_s_per_call_on"] and 0 < out["switch_in_s_per_call_off"]
+
+
+SAMPLE_SMALL = ["bench", "sample", "--json", "--batch", "4", "--max-tokens", "8", "--prompt-tokens", "4",
+                "--repeats", "1"]
+
+
+def check_sample_budget(out: dict) -> None:
+    # the split the cluster reports adds up to the budget, and its arena holds one of the bench's states
+    assert out["budget_device_memory_bytes"] == sum(out[f"budget_{part}_bytes"] for part in (
+        "activation_reserve", "engine", "shared", "state"))
+    assert out["budget_activation_reserve_bytes"] > 0 and out["budget_state_bytes"] // out["state_bytes"] == 1
+
+
+def test_bench_sample_json_hf(capsys):
+    out = run_json(capsys, SAMPLE_SMALL + ["--samplers", "hf"])
+    assert out["hf_tokens"] == 4 * 8, "the bench's model has no EOS: every sequence decodes all its tokens"
+    assert out["hf_tokens_per_s"] > 0 and out["hf_decode_s"] > 0
+    assert out["state_bytes"] == 4 * out["parameters"], "fp32 on CPU"
+    assert out["vllm_skipped"] == "not asked for (--samplers hf)" and "vllm_vs_hf" not in out
+    assert out["budget_engine_bytes"] == 0
+    check_sample_budget(out)
+
+
+@needs_vllm
+def test_bench_sample_json_vllm(capsys):
+    out = run_json(capsys, SAMPLE_SMALL + ["--switches", "2"])
+    assert "vllm_skipped" not in out
+    assert out["vllm_tokens"] == out["hf_tokens"] == 4 * 8
+    assert out["vllm_vs_hf"] == out["vllm_tokens_per_s"] / out["hf_tokens_per_s"]
+    assert out["vllm_switches"] == 2, "two jobs' states taking turns: every call after the first round is a switch"
+    assert out["vllm_push_bytes"] == out["state_bytes"] and out["vllm_switch_in_s"] > 0
+    assert out["vllm_sleep"].startswith("sleep skipped"), "vLLM's sleep mode is CUDA-only"
+    assert out["budget_engine_bytes"] > 0
+    check_sample_budget(out)
 
 
 def test_bench_dispatch_json(capsys):

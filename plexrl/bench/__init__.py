@@ -8,6 +8,7 @@ import sys
 BENCHES = {
     "switch": "plexrl.bench.switch",
     "prefetch": "plexrl.bench.prefetch",
+    "sample": "plexrl.bench.sample",
     "dispatch": "plexrl.bench.dispatch",
     "placement": "plexrl.bench.placement",
     "faults": "plexrl.bench.faults",
