@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import plexrl
+
+
+@functools.lru_cache(maxsize=None)
+def reserve_bytes(model_dir: str, tokens: int | None = None) -> int:
+    """The activation reserve a CPU cluster measures for `model_dir` (the runtime's own probe):
+    what a test's device budget must hold beside the states it means to fit."""
+    from plexrl.runtime.activation import reserve_of
+
+    return reserve_of(model_dir, tokens)
 
 
 def datum(ids, **extra) -> plexrl.Datum:

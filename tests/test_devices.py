@@ -21,7 +21,7 @@ import torch
 
 from plexrl import errors
 from plexrl.runtime import cuda
-from tests.helpers import datum
+from tests.helpers import datum, reserve_bytes
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -84,6 +84,10 @@ def test_the_device_option(parser):
     assert parse(["--device", "cuda"]).device == "cuda"
     with pytest.raises(SystemExit):
         parse(["--device", "tpu"])
+    assert parse([]).precision == "auto"  # ClusterConfig.precision, next to every --device
+    assert parse(["--precision", "bf16"]).precision == "bf16"
+    with pytest.raises(SystemExit):
+        parse(["--precision", "fp16"])
 
 
 def test_plexrl_run_passes_the_device_on(tmp_path, monkeypatch):
@@ -91,10 +95,10 @@ def test_plexrl_run_passes_the_device_on(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(jobs_file, "load", lambda path: "spec")
-    monkeypatch.setattr(jobs_file, "run", lambda spec, on_step=None, engine="process", device="auto":
-                        seen.update(engine=engine, device=device) or {"jobs": []})
-    assert jobs_file.main(["jobs.yaml", "--json", "--engine", "local", "--device", "cpu"]) == 0
-    assert seen == {"engine": "local", "device": "cpu"}
+    monkeypatch.setattr(jobs_file, "run", lambda spec, on_step=None, engine="process", device="auto", precision="auto":
+                        seen.update(engine=engine, device=device, precision=precision) or {"jobs": []})
+    assert jobs_file.main(["jobs.yaml", "--json", "--engine", "local", "--device", "cpu", "--precision", "bf16"]) == 0
+    assert seen == {"engine": "local", "device": "cpu", "precision": "bf16"}
 
 
 # ---------------------------------------------------------------------------- the seam on CPU
@@ -148,7 +152,8 @@ def test_a_worker_registers_each_mapping_once_and_unregisters_what_it_lets_go(ti
     from plexrl.runtime.state import ModelState, load_module
 
     one = ModelState("x/p", "x", "p", load_module(tiny_model), True, tiny_model).device_bytes
-    with LocalCluster(devices=1, device_memory_bytes=one * 5 // 4) as cluster:  # room for one: they switch
+    budget = one * 5 // 4 + reserve_bytes(tiny_model)  # room for one next to the activation reserve: they switch
+    with LocalCluster(devices=1, device_memory_bytes=budget) as cluster:
         worker = cluster.workers[0].target
         worker.streams = recording = RecordingStreams()
         trainer = cluster.service_client("reg").create_training_client(tiny_model)

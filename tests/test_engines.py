@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import plexrl
-from tests.helpers import datum, rl_job, weights
+from tests.helpers import datum, reserve_bytes, rl_job, weights
 from plexrl import errors
 
 MiB = 1 << 20
@@ -37,14 +37,14 @@ def trainer_bytes(tiny_model):
 
 
 @pytest.fixture(scope="module", params=["local", "process", pytest.param("ray", marks=pytest.mark.ray)])
-def cluster(request, trainer_bytes):
+def cluster(request, trainer_bytes, tiny_model):
     from plexrl import engines
 
     if request.param == "ray":
         request.getfixturevalue("ray_node")
-    # Room for one trainer and one snapshot per device: two jobs must keep switching.
-    with engines.open_cluster(request.param, 2, device_memory_bytes=trainer_bytes + trainer_bytes // 4 + 4096,
-                              host_memory_bytes=256 * MiB) as c:
+    # Room for one trainer and one snapshot per device next to the activation reserve: two jobs must keep switching.
+    budget = trainer_bytes + trainer_bytes // 4 + 4096 + reserve_bytes(tiny_model)
+    with engines.open_cluster(request.param, 2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as c:
         yield c
 
 
@@ -214,7 +214,7 @@ METRICS_KEYS = {"switches", "device_busy_s", "transition_bytes", "transition_s",
                 "transitions", "jobs", "recovery", "residency", "bandwidth_gbps", "policy", "devices", "nodes",
                 "engine", "uptime_s", "placement", "migrations", "admission", "writebacks", "writeback_bytes",
                 "writeback_zeroed_bytes", "writeback_s", "prefetches", "prefetch_bytes", "prefetch_s",
-                "prefetch_exposed_s"}
+                "prefetch_exposed_s", "device_budget", "activation_reserves"}
 
 
 def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):
@@ -224,6 +224,8 @@ def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):
     assert set(metrics) == METRICS_KEYS
     assert {"worker_restarts", "restored_states", "node_losses"} <= set(metrics["recovery"])
     assert metrics["residency"]["layout/policy"].startswith("device:")
+    assert metrics["activation_reserves"][tiny_model] == trainer.state.activation_reserve_bytes > 0
+    assert set(metrics["device_budget"]) == {0, 1} and metrics["device_budget"][1]["activation_reserve_of"] == tiny_model
     assert metrics["jobs"]["layout"]["placement"]["node"] == 0
 
 

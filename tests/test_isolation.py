@@ -64,7 +64,8 @@ def test_spilled_states_of_look_alike_names_never_share_a_file(engine, tiny_mode
     with plexrl.LocalCluster(devices=1) as probe:
         state = probe.service_client("probe").create_training_client(base_model=tiny_model).state
     budget = int(state.host_bytes * 3.3)
-    with open_engine(engine, device_memory_bytes=state.device_bytes * 2, host_memory_bytes=budget) as c:
+    with open_engine(engine, device_memory_bytes=state.device_bytes * 2 + state.activation_reserve_bytes,
+                     host_memory_bytes=budget) as c:
         results = {}
 
         def run(job, name, seed):
@@ -98,7 +99,8 @@ def test_a_failed_restore_fails_only_its_request(engine, tiny_model, tmp_path):
     serving the other model, and a checkpoint load revives the state."""
     with plexrl.LocalCluster(devices=1) as probe:
         state = probe.service_client("probe").create_training_client(base_model=tiny_model).state
-    with open_engine(engine, device_memory_bytes=state.device_bytes * 3 // 2, host_memory_bytes=state.host_bytes * 3 // 2,
+    with open_engine(engine, device_memory_bytes=state.device_bytes * 3 // 2 + state.activation_reserve_bytes,
+                     host_memory_bytes=state.host_bytes * 3 // 2,
                      workdir=tmp_path) as c:
         service = c.service_client("job")  # one job: admission counts host memory, spilling is within a job
         victim = service.create_training_client(base_model=tiny_model, seed=0, name="victim")

@@ -20,7 +20,7 @@ import pytest
 
 import plexrl
 from plexrl import errors
-from tests.helpers import datum
+from tests.helpers import datum, reserve_bytes
 
 MiB = 1 << 20
 TIMEOUT_S = 120
@@ -117,8 +117,9 @@ def run_steps(cluster, job: str, tiny_model, seed: int, steps: int):
 def test_two_tenants_share_one_device_and_stay_independent(tiny_model):
     full, adapter = sizes(tiny_model)
     base_bytes = full // 4
-    budget = base_bytes + 4 * adapter  # two trainers and their snapshots; two full trainers need 2 x full
-    assert 2 * full > budget and full + base_bytes > budget, "the budget must refuse two full trainers"
+    reserve = reserve_bytes(tiny_model)  # kept beside the states for activations
+    budget = base_bytes + 4 * adapter + reserve  # two trainers and their snapshots; two full trainers need 2 x full
+    assert 2 * full + reserve > budget and full + base_bytes + reserve > budget, "the budget must refuse two full trainers"
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as alone:
         solo = run_steps(alone, "a", tiny_model, seed=1, steps=3)
     with plexrl.LocalCluster(devices=1, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as c:
@@ -138,13 +139,13 @@ def test_two_tenants_share_one_device_and_stay_independent(tiny_model):
         assert not np.array_equal(c.fetch_weights(b.state), solo[0])
         with pytest.raises(errors.StateTooLarge, match="weights, gradients and Adam moments, float32"):
             c.service_client(job="full").create_training_client(tiny_model)
-    with plexrl.LocalCluster(devices=1, device_memory_bytes=base_bytes + adapter - 4096) as c:
-        with pytest.raises(errors.StateTooLarge, match=f"next to {base_bytes:,} bytes of shared frozen LoRA base weights"):
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=base_bytes + adapter + reserve - 4096) as c:
+        with pytest.raises(errors.StateTooLarge, match=f"{base_bytes:,} of shared frozen LoRA base weights"):
             c.service_client(job="tight").create_lora_training_client(tiny_model, rank=4)
-    with plexrl.LocalCluster(devices=1, device_memory_bytes=base_bytes + adapter + 4096) as c:
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=base_bytes + adapter + reserve + 4096) as c:
         job = c.service_client(job="ref")
         job.create_sampling_client(tiny_model)  # a frozen model of its own: not the LoRA base
-        with pytest.raises(errors.StateTooLarge, match="would leave a device budget of .* too small for model"):
+        with pytest.raises(errors.StateTooLarge, match="model 'frozen:tiny' of job 'ref' already here needs .* once it is added"):
             job.create_lora_training_client(tiny_model, rank=4)
 
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import plexrl
-from tests.helpers import datum, rl_job, weights
+from tests.helpers import datum, reserve_bytes, rl_job, weights
 from plexrl import errors
 
 MiB = 1 << 20
@@ -63,8 +63,9 @@ def test_transparency_multiplexed_equals_alone(tiny_model):
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB) as alone:
         trainer = rl_job(alone, "job-a", tiny_model, seed=1)
         solo, state_bytes = weights(alone, trainer), trainer.state.device_bytes
-    # Room for one trainer and one snapshot per device: three jobs must keep switching.
-    budget = state_bytes + state_bytes // 4 + 4096
+        reserve = trainer.state.activation_reserve_bytes
+    # Room for one trainer and one snapshot per device next to the activation reserve: three jobs must keep switching.
+    budget = state_bytes + state_bytes // 4 + 4096 + reserve
     with plexrl.LocalCluster(devices=2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as shared:
         results = {}
 
@@ -184,7 +185,7 @@ def test_budgets_hold_over_random_request_streams(micro_model, stream, policy):
 
     numel = sum(p.numel() for p in load_module(micro_model).parameters())
     trainer_bytes = 16 * numel
-    device_budget = trainer_bytes + trainer_bytes // 2
+    device_budget = trainer_bytes + trainer_bytes // 2 + reserve_bytes(micro_model)  # and the activation reserve
     # Admission fills the node's host memory with the three trainers; their sampler snapshots
     # (a quarter of a trainer each) then only fit by spilling idle states to disk.
     host_budget = 3 * trainer_bytes + trainer_bytes // 4

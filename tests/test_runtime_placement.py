@@ -12,7 +12,7 @@ import torch
 import plexrl
 from plexrl import errors
 from plexrl.policy import JobProfile, ModelMemory
-from tests.helpers import datum, weights
+from tests.helpers import datum, reserve_bytes, weights
 from tests.helpers import rl_job
 
 MiB = 1 << 20
@@ -53,7 +53,7 @@ def test_complementary_jobs_share_a_group_with_disjoint_busy_slots(tiny_model):
 
 def test_a_job_that_does_not_fit_waits_until_another_finishes(tiny_model):
     nbytes = state_bytes(tiny_model)
-    with plexrl.LocalCluster(nodes=1, devices_per_node=2, device_memory_bytes=2 * nbytes,
+    with plexrl.LocalCluster(nodes=1, devices_per_node=2, device_memory_bytes=2 * nbytes + reserve_bytes(tiny_model),
                              host_memory_bytes=nbytes + nbytes // 2) as c:
         first = c.service_client("first")
         first.create_training_client(base_model=tiny_model)

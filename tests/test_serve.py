@@ -24,6 +24,7 @@ from plexrl.serve.server import Server  # noqa: E402
 from plexrl.serve.service import Limits, Service  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402
+from tests.helpers import reserve_bytes  # noqa: E402
 
 ALICE = "tml-alice-0123456789abcdef"
 BOB = "tml-bob-0123456789abcdefgh"
@@ -460,7 +461,7 @@ def test_a_request_waiting_for_room_says_so_and_runs_when_room_is_made(tmp_path,
     from plexrl.models.tiny import parameter_count
 
     room = parameter_count(tiny_model) * 16 * 3 // 2  # a trainer is 16 bytes a parameter
-    with LocalCluster(devices=1, device_memory_bytes=room, host_memory_bytes=room,
+    with LocalCluster(devices=1, device_memory_bytes=room + reserve_bytes(tiny_model), host_memory_bytes=room,
                       checkpoint_dir=str(tmp_path / "scratch")) as cluster:
         service = Service(cluster, Store(tmp_path / "state"), {tiny_model: tiny_model}, Tenants(),
                           Limits(poll_hold_s=0.3))

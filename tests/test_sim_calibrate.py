@@ -55,9 +55,9 @@ def real_run(tiny_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("calib") / "events.jsonl"
     with plexrl.LocalCluster(devices=1, device_memory_bytes=64 * MiB) as probe:
         trainer = probe.service_client(job="probe").create_training_client(base_model=tiny_model, seed=0)
-        state_bytes = trainer.state.device_bytes
+        state_bytes, reserve = trainer.state.device_bytes, trainer.state.activation_reserve_bytes
     budget = state_bytes + state_bytes // 2  # one trainer and a snapshot: jobs must switch
-    with plexrl.LocalCluster(devices=2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as cluster:
+    with plexrl.LocalCluster(devices=2, device_memory_bytes=budget + reserve, host_memory_bytes=256 * MiB) as cluster:
         threads = [threading.Thread(target=controller, args=(cluster, f"job-{i}", tiny_model, i)) for i in range(3)]
         for t in threads:
             t.start()

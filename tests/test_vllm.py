@@ -24,7 +24,7 @@ import torch
 
 import plexrl
 from plexrl.api import errors
-from tests.helpers import datum, rl_job, weights
+from tests.helpers import datum, reserve_bytes, rl_job, weights
 
 MiB = 1 << 20
 TOL = 1e-5
@@ -62,11 +62,24 @@ def model_dir(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-hd32", seed=3, hidden_size=64, num_heads=2))
 
 
+def budget(states_bytes: int, *models: str) -> int:
+    """A device budget giving states `states_bytes` next to the largest activation reserve of
+    `models` and a vLLM engine's share for each (on CPU: VLLM_CPU_KVCACHE_SPACE, 1 GiB by default,
+    and its weights)."""
+    from plexrl.models.tiny import parameter_count
+    from plexrl.samplers.vllm_sampler import engine_share_bytes
+
+    return (states_bytes + max(reserve_bytes(m) for m in models)
+            + sum(engine_share_bytes("cpu", 4 * parameter_count(m)) for m in models))
+
+
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(model_dir, tiny_model):
     """One device for the whole module: one vLLM engine (one start-up) serves every test's states.
-    The budget holds two trainers and a few snapshots, so jobs' states also switch out and in."""
-    with plexrl.LocalCluster(devices=1, device_memory_bytes=6 * MiB, host_memory_bytes=256 * MiB) as c:
+    The budget holds two trainers and a few snapshots, so jobs' states also switch out and in, next
+    to the engines of both models (a test samples the hd16 one on vLLM, and sees it refused)."""
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=budget(6 * MiB, model_dir, tiny_model),
+                             host_memory_bytes=256 * MiB) as c:
         yield c
 
 
@@ -260,7 +273,7 @@ def test_a_model_vllm_cannot_run_fails_the_call_with_vllms_reason(cluster, tiny_
 @needs_vllm
 def test_process_engine_worker_starts_its_own_engine(model_dir):
     """A device worker in its own process (the process engine) starts and stops its engine too."""
-    with plexrl.ProcessCluster(devices=1, device_memory_bytes=16 * MiB) as cluster:
+    with plexrl.ProcessCluster(devices=1, device_memory_bytes=budget(16 * MiB, model_dir)) as cluster:
         service = cluster.service_client(job="proc")
         hf = service.create_sampling_client(model_dir, name="hf")
         vllm = service.create_sampling_client(model_dir, name="v", sampler="vllm")

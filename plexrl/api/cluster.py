@@ -41,6 +41,8 @@ class StateHandle:
     host_bytes: int
     lora: LoraConfig | None = None  # None: a full-parameter model
     sampler: str = "hf"  # what runs its sample and compute_logprobs: "hf" or "vllm"
+    activation_reserve_bytes: int = 0  # device memory its base model's functions need beyond states
+    engine_bytes: int = 0  # device memory its vLLM engine takes (sampler "vllm")
 
     @property
     def lora_rank(self) -> int:

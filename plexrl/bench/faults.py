@@ -224,10 +224,12 @@ def recovery_seconds(kills: list[Kill], records: list[tuple[float, str, int, str
 
 def cluster_settings(model_dir: str) -> dict:
     """Room for one trainer and one snapshot per device: the jobs keep switching."""
+    from plexrl.runtime.activation import reserve_of
     from plexrl.runtime.state import ModelState, load_module
 
     trainer_bytes = ModelState("x/p", "x", "p", load_module(model_dir), True, model_dir).device_bytes
-    return {"devices": 2, "device_memory_bytes": trainer_bytes + trainer_bytes // 4 + 4096,
+    reserve = reserve_of(model_dir)  # what the cluster keeps beside the states for activations
+    return {"devices": 2, "device_memory_bytes": trainer_bytes + trainer_bytes // 4 + 4096 + reserve,
             "host_memory_bytes": 256 * MiB}
 
 

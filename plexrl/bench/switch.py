@@ -40,19 +40,23 @@ def model_shape(nbytes: int) -> tuple[int, int]:
     return max(64, int(math.sqrt(nbytes / LAYER_BYTES_PER_WIDTH2)) // 64 * 64), 1
 
 
-def switch_gbps(nbytes: int, repeats: int, device: str) -> tuple[float, int]:
-    """(GB/s of the loads, bytes per load) over `repeats` switches between two states (an arena
-    holds one and a half of them)."""
+def switch_gbps(nbytes: int, repeats: int, device: str, precision: str = "auto") -> tuple[float, int]:
+    """(GB/s of the loads, bytes per load) over `repeats` switches between two states of about
+    `nbytes` each, in their `precision`'s dtype (an arena holds one and a half of them)."""
     from plexrl.engines.local import LocalCluster
     from plexrl.models.tiny import make_tiny_model, parameter_count
+    from plexrl.runtime import precision as precisions
+    from plexrl.runtime.activation import reserve_of
 
+    per_weight = precisions.state_dtypes(precisions.resolve(precision, device), False, None)[0].itemsize
     with tempfile.TemporaryDirectory() as folder:
-        width, layers = model_shape(nbytes)
+        width, layers = model_shape(nbytes * 4 // per_weight)  # the float32 size of as many weights
         model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
                                 intermediate_size=round(2.75 * width))
-        state_bytes = 4 * parameter_count(model)
-        with LocalCluster(devices=1, device_memory_bytes=state_bytes * 3 // 2, host_memory_bytes=4 * state_bytes,
-                          torch_device=device, workdir=f"{folder}/cluster") as cluster:
+        state_bytes = per_weight * parameter_count(model)
+        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device)  # and the activation reserve
+        with LocalCluster(devices=1, device_memory_bytes=budget, host_memory_bytes=4 * state_bytes,
+                          torch_device=device, precision=precision, workdir=f"{folder}/cluster") as cluster:
             service = cluster.service_client("bench")
             states = [service.create_sampling_client(model, name=name).state for name in ("a", "b")]
             for i in range(repeats + 2):
@@ -61,19 +65,21 @@ def switch_gbps(nbytes: int, repeats: int, device: str) -> tuple[float, int]:
     return median([e["bytes"] / e["seconds"] for e in loads]) / 1e9, loads[-1]["bytes"]
 
 
-def writeback_per_step(nbytes: int, steps: int, device: str) -> dict:
+def writeback_per_step(nbytes: int, steps: int, device: str, precision: str = "auto") -> dict:
     """The write-back figures of `steps` RL-like steps on a trainer of about `nbytes` (16 B/param)."""
     import plexrl
     from plexrl.engines.local import LocalCluster
     from plexrl.models.tiny import make_tiny_model, parameter_count
+    from plexrl.runtime.activation import reserve_of
 
     with tempfile.TemporaryDirectory() as folder:
         width, layers = model_shape(nbytes // 4)
         model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
                                 intermediate_size=round(2.75 * width))
         state_bytes = 16 * parameter_count(model)
-        with LocalCluster(devices=1, device_memory_bytes=state_bytes * 3 // 2, host_memory_bytes=3 * state_bytes,
-                          torch_device=device, workdir=f"{folder}/cluster") as cluster:
+        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device)  # and the activation reserve
+        with LocalCluster(devices=1, device_memory_bytes=budget, host_memory_bytes=3 * state_bytes,
+                          torch_device=device, precision=precision, workdir=f"{folder}/cluster") as cluster:
             trainer = cluster.service_client("bench").create_training_client(model)
             prompt = plexrl.ModelInput.from_ints([5, 6, 7])
             for step in range(steps):
@@ -137,6 +143,8 @@ def main(argv: list[str]) -> int:
                                                                 "measured (0: skip it)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                         help="auto: the CPU, and CUDA too when present (its figures prefixed cuda_)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="of the states (auto: bf16 on CUDA, fp32 on CPU); a state is --size-mb in its dtype")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -146,12 +154,12 @@ def main(argv: list[str]) -> int:
     devices = {"auto": ["cpu"] + (["cuda"] if torch.cuda.is_available() else []), "cpu": ["cpu"],
                "cuda": ["cuda"]}[args.device]
     for device in devices:
-        switch, moved = switch_gbps(nbytes, args.repeats, device)
+        switch, moved = switch_gbps(nbytes, args.repeats, device, args.precision)
         reference = memcpy_gbps(moved, max(args.repeats, 8), device)  # the same bytes
         figures = {"switch_gbps": switch, "memcpy_gbps": reference, "ratio": switch / reference,
                    "bytes_per_switch": moved}
         if args.rl_steps > 0:
-            figures.update(writeback_per_step(nbytes, args.rl_steps, device))
+            figures.update(writeback_per_step(nbytes, args.rl_steps, device, args.precision))
         prefix = "" if device == "cpu" else "cuda_"
         result.update({prefix + key: value for key, value in figures.items()})
     result["state_bytes"] = nbytes

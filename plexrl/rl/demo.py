@@ -8,7 +8,8 @@
    each dedicated run had the machine's other core for its controller, so the baseline is
    flattered, never us;
 3) multiplexed: the three controllers run concurrently (threads) on one 2-device cluster whose
-   device budget holds about one job's working set per device, so states must be swapped;
+   device budget holds about one job's working set per device (next to the activation reserve the
+   dedicated runs measured), so states must be swapped;
    both clusters on the same engine (`--engine`): by default a process per device, so that the
    two devices compute in parallel and are charged their own CPU time, as GPUs would be — worker
    threads of one interpreter would take turns on its lock (`--engine local` shows that);
@@ -41,10 +42,12 @@ from plexrl.rl.train import JobResult, run_job
 from plexrl.rl.warm_start import warm_model
 
 MUX_DEVICES = 2
+MiB = 1 << 20
 # A trainable state holds weights, gradients and two Adam moments: 4x its weights on a device.
 TRAINABLE_COPIES = 4
-# Budget per device, in units of one model's weights: one job's policy + sampler (+ a little),
-# not two jobs', so multiplexing really swaps states between device and host.
+# Budget per device for states, in units of one model's weights: one job's policy + sampler (+ a
+# little), not two jobs', so multiplexing really swaps states between device and host. The device
+# budget is that plus the activation reserve the runtime measures (runtime/activation.py).
 DEVICE_BUDGET_WEIGHTS = 6
 
 
@@ -73,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(specs, enabled=not args.json)
     progress.say("warm start (cached after the first run)...")
     models = {spec.name: str(warm_model(spec.task, spec.model)) for spec in specs}
-    budget = DEVICE_BUDGET_WEIGHTS * 4 * max(parameter_count(m) for m in models.values())
+    states = DEVICE_BUDGET_WEIGHTS * 4 * max(parameter_count(m) for m in models.values())
     with progress, engines.session(args.engine, MUX_DEVICES):
-        dedicated = run_dedicated(specs, models, args, progress, out)
+        dedicated, reserves = run_dedicated(specs, models, args, progress, out)
+        budget = states + max(reserves.values())  # what states may use, and activations beside them
         mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out)
     summary = summarise(specs, dedicated, mux, metrics, args)
     write_outputs(summary, events, out)
@@ -107,22 +111,26 @@ def positive_int(text: str) -> int:
 
 # ---------------------------------------------------------------------------- the two modes
 
-def run_dedicated(specs, models, args, progress: "Progress", out: Path) -> dict[str, tuple[JobResult, float]]:
+def run_dedicated(specs, models, args, progress: "Progress", out: Path):
     """Each job alone on one device, one after another: its result and the device-seconds it
-    used (the rest of its wall time its reserved device sat idle)."""
+    used (the rest of its wall time its reserved device sat idle), by job; and the activation
+    reserve the runtime measured for each model folder."""
     progress.mode = "dedicated"
-    with engines.open_cluster(args.engine, 1, policy=args.policy, torch_device=args.device) as cluster:
+    with engines.open_cluster(args.engine, 1, policy=args.policy, torch_device=args.device,
+                              precision=args.precision) as cluster:
         warm_up(cluster, models.values())
         results = {s.name: run_job(cluster, s, models[s.name], on_step=progress.step) for s in specs}
-        used = cluster.metrics()["jobs"]
+        metrics = cluster.metrics()
         cluster.write_events(out / "events-dedicated.jsonl")
-        return {name: (result, used[name]["consumed_device_s"]) for name, result in results.items()}
+        used = metrics["jobs"]
+        return ({name: (result, used[name]["consumed_device_s"]) for name, result in results.items()},
+                metrics["activation_reserves"])
 
 
 def run_multiplexed(specs, models, args, budget, progress, out: Path):
     progress.mode = "multiplexed"
     with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy,
-                              torch_device=args.device) as cluster:
+                              torch_device=args.device, precision=args.precision) as cluster:
         warm_up(cluster, models.values())
         started, cpu_started = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(len(specs), thread_name_prefix="controller") as pool:
@@ -178,6 +186,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
         "device_s_held_exclusive": MUX_DEVICES * makespan_exclusive,
         "device_s_held_exclusive_jobs": sum(result.wall_s for result, _ in dedicated.values()),
         "switches": metrics["switches"],
+        "device_budget": metrics["device_budget"][0],  # per device: its reserve, and what states may use
         "switch_overhead": metrics["transition_s"] / busy if busy else 0.0,
         "device_utilisation_mux": busy / (MUX_DEVICES * metrics["makespan_s"]),
         # Where the devices' time goes on a CPU machine: this process's CPU over the multiplexed
@@ -295,6 +304,7 @@ class Progress:
     def final_table(self, summary: dict) -> None:
         from rich.table import Table
 
+        split = summary["device_budget"]
         table = Table(title=f"PlexRL demo: {len(summary['jobs'])} jobs, multiplexed on {MUX_DEVICES} devices vs dedicated", caption=(
             "reward: first vs last quarter of steps; step s: multiplexed/dedicated;\n"
             "dev-s: consumed multiplexed (execution + switch-in) vs reserved dedicated (1 device x wall)"))
@@ -317,6 +327,8 @@ class Progress:
             f"device-s held: {summary['device_s_held_mux']:.1f} multiplexed ({MUX_DEVICES} x makespan) vs "
             f"{summary['device_s_held_exclusive']:.1f} exclusive ({MUX_DEVICES} x makespan) or "
             f"{summary['device_s_held_exclusive_jobs']:.1f} (each job's device for its run only)\n"
+            f"device budget {split['device_memory_bytes'] / MiB:.1f} MiB: {split['state_bytes'] / MiB:.1f} for states, "
+            f"{split['activation_reserve_bytes'] / MiB:.1f} activation reserve (measured)\n"
             f"switches {summary['switches']} (overhead {summary['switch_overhead']:.1%} of busy time)   "
             f"identical rewards: {summary['identical_rewards']}\n"
             f"plots, events.jsonl and summary.json in {summary['out']}/")

@@ -16,13 +16,16 @@ from plexrl.policy import Policy
 MiB = 1 << 20
 PLACEMENTS = ("phase-shift", "first-fit")
 TORCH_DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")  # runtime/precision.py says what each means
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: int = 1  # node groups (one node each)
     devices_per_node: int = 2
-    device_memory_bytes: int = 256 * MiB  # per device: the states resident on it
+    # Per device: everything PlexRL may use there. States get what is left after the activation reserve,
+    # the vLLM engines' shares and shared LoRA bases (runtime/state_manager.py).
+    device_memory_bytes: int = 256 * MiB
     host_memory_bytes: int = 2048 * MiB  # per node: every state's host copy
     policy: str = "plexrl"  # request priority: plexrl (switch-aware HRRN), hrrn, sjf, fcfs
     placement: str = "phase-shift"  # or first-fit
@@ -31,11 +34,21 @@ class ClusterConfig:
     profile_steps: int = 3  # step marks between profile measurements
     threads_per_device: int = 1  # intra-op threads of a CPU device (results are bitwise per count)
     torch_device: str = "auto"  # auto: CUDA when present, else logical CPU devices
+    # fp32: every state float32. bf16: sampler snapshots and frozen models hold bfloat16 weights
+    # (2 B/param), trainers keep float32 master weights, gradients and Adam moments (16 B/param) and
+    # run forward/backward under bf16 autocast. auto: bf16 where the devices are CUDA, fp32 on CPU.
+    precision: str = "auto"
     workdir: str | None = None  # spill files, default checkpoints (a temporary folder when None)
     checkpoint_dir: str | None = None  # default: WORKDIR/checkpoints
     checkpoint_every_steps: int = 0  # 0: only the job's own save_state calls
     event_log: str | None = None  # a JSON-lines file of every event, written as they happen
     max_sampled_tokens: int = 1 << 16  # per sample call: num_samples x (prompt + max_tokens)
+    # Device memory a function needs beyond its state, per device: None measures it for each base model
+    # (runtime/activation.py) on a reference batch of activation_probe_tokens tokens (None: one sequence
+    # of the model's positions, at most 4096); an integer is used as it is for every model.
+    activation_reserve_bytes: int | None = None
+    activation_probe_tokens: int | None = None
+    prefetch: bool = True  # load the state a device will likely run next while its current function runs
 
     def __post_init__(self) -> None:
         for name in ("nodes", "devices_per_node", "device_memory_bytes", "host_memory_bytes", "horizon_slots",
@@ -44,10 +57,18 @@ class ClusterConfig:
                    "a positive integer")
         _check("checkpoint_every_steps", self.checkpoint_every_steps,
                _is_int(self.checkpoint_every_steps) and self.checkpoint_every_steps >= 0, "0 (off) or a positive integer")
+        _check("activation_reserve_bytes", self.activation_reserve_bytes, self.activation_reserve_bytes is None
+               or (_is_int(self.activation_reserve_bytes) and self.activation_reserve_bytes >= 0),
+               "None (measured per model) or a number of bytes >= 0")
+        _check("activation_probe_tokens", self.activation_probe_tokens, self.activation_probe_tokens is None
+               or (_is_int(self.activation_probe_tokens) and self.activation_probe_tokens >= 3),
+               "None (one sequence of the model's positions) or an integer >= 3")
         _check("slot_s", self.slot_s, isinstance(self.slot_s, (int, float)) and self.slot_s > 0,
                "a positive number of seconds")
+        _check("prefetch", self.prefetch, isinstance(self.prefetch, bool), "True or False")
         _check("placement", self.placement, self.placement in PLACEMENTS, f"one of {list(PLACEMENTS)}")
         _check("torch_device", self.torch_device, self.torch_device in TORCH_DEVICES, f"one of {list(TORCH_DEVICES)}")
+        _check("precision", self.precision, self.precision in PRECISIONS, f"one of {list(PRECISIONS)}")
         try:
             Policy.parse(self.policy)
         except ValueError as exc:

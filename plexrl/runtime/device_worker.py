@@ -39,11 +39,11 @@ import torch
 
 from plexrl.api.types import LoraConfig
 from plexrl.policy import Tier, TransitionKind
-from plexrl.runtime import cuda, functions, lora
+from plexrl.runtime import activation, cuda, functions, lora, precision
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.host_buffers import map_buffer, map_flags
 from plexrl.runtime.state import FLOAT_BYTES, ModelState, load_module, skeleton_like
-from plexrl.samplers.vllm_sampler import VllmSamplers
+from plexrl.samplers.vllm_sampler import VllmSamplers, engine_share_bytes
 
 
 class NotResident(RuntimeError):
@@ -62,6 +62,8 @@ class StateSpec:
     trainable: bool
     lora: LoraConfig | None = None
     sampler: str = "hf"
+    dtype: torch.dtype = torch.float32  # of its flat memory (runtime/precision.py)
+    autocast: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class WorkerReply:
     incarnation: str = ""  # which process of this device's worker answered
     writeback_bytes: int = 0  # copied from the arena to the host copy
     writeback_zeroed_bytes: int = 0  # zeroed on the host copy in place (segments the call left zero)
+    prefetch_s: tuple[float, ...] = ()  # per prefetch step; () when there was none or its load failed
+    prefetch_exposed_s: float = 0.0  # of the prefetch's load: the part the function did not hide
 
 
 class DeviceWorker:
@@ -110,11 +114,14 @@ class DeviceWorker:
         self.threads = threads
         torch_device = cuda.resolve_device(torch_device)  # "auto" (Ray): this process's GPU when it has one
         self.timing = "cuda_events" if torch_device.startswith("cuda") else "thread_cpu"
+        self.torch_device = torch_device
+        precision.use_tf32(torch_device)
         self.streams = cuda.Streams(torch_device)  # copies and clocks (runtime/cuda.py)
         self.arena = DeviceArena(device, capacity_bytes, torch_device)
         self.states: dict[str, ModelState] = {}
         self._mapped: dict[str, tuple[str, torch.Tensor]] = {}  # state id -> (host path, its mapping)
         self._templates: dict[str, torch.nn.Module] = {}  # one loaded module per source folder
+        self._reserves: dict[str, int] = {}  # source folder -> its measured activation reserve here
         self._lock = threading.Lock()
         self.samplers = VllmSamplers(torch_device, threads)  # engines of the states that sample on vLLM
         import transformers.models.auto.modeling_auto  # noqa: F401  (seconds in a fresh process: pay them
@@ -123,6 +130,10 @@ class DeviceWorker:
     def ping(self) -> int:
         return self.device
 
+    def runs_on(self) -> str:
+        """The torch device this worker computes on ("auto" resolved where it runs)."""
+        return self.torch_device
+
     def where(self) -> str:
         """The Ray node id this worker runs on (affinity checks; Ray engine only)."""
         import ray
@@ -130,8 +141,11 @@ class DeviceWorker:
         return ray.get_runtime_context().get_node_id()
 
     # -- the one call the scheduler makes per request --------------------------------------------
-    def run(self, steps: list[WorkerStep], fn: str, payload: dict, state_id: str) -> WorkerReply:
-        """Run the planned transitions, then the function; report what each took.
+    def run(self, steps: list[WorkerStep], fn: str, payload: dict, state_id: str,
+            prefetch: list[WorkerStep] = ()) -> WorkerReply:
+        """Run the planned transitions, then the function; report what each took. `prefetch`:
+        the steps of the next state's load (its victims' offloads, then the load), started
+        before the function and overlapping it (the reply says how much of it was hidden).
 
         A function's own failure is returned (the transitions before it did happen); only a
         broken transition raises. On a logical CPU device the time charged is this thread's CPU
@@ -143,6 +157,7 @@ class DeviceWorker:
         state = self.states.get(state_id)
         if state is None or state.tier is not Tier.DEVICE or state.device != self.device:
             raise NotResident(f"{state_id} is not resident on device {self.device} (worker {self.incarnation})")
+        ahead = self._load_ahead(prefetch)
         wall0, clock = time.perf_counter(), self.streams.run()
         result, error = None, None
         try:
@@ -155,16 +170,60 @@ class DeviceWorker:
         elsewhere = self.samplers.serves(fn, state)  # a vLLM engine computes in its own process: wall time
         copied, zeroed = functions.FUNCTIONS[fn].write_back(ok=error is None)
         writeback_s, written, cleared = self._write_through(state, copied, zeroed)
+        prefetch_s, exposed_s = ahead(wall0 + wall_s, clock) if ahead is not None else ((), 0.0)
         self.streams.finish()  # every copy and kernel of this call is done: its times can be read
         device_s = wall_s if elsewhere else clock.seconds()
         seconds = tuple(span.seconds() for span in spans)
         return WorkerReply(result, error, seconds, wall_s, device_s, writeback_s, state.adam_step, self.incarnation,
-                           writeback_bytes=written, writeback_zeroed_bytes=cleared)
+                           writeback_bytes=written, writeback_zeroed_bytes=cleared, prefetch_s=prefetch_s,
+                           prefetch_exposed_s=exposed_s)
 
-    def prepare(self, source: str) -> None:
-        """Load a source's module template ahead of its first state here (the node calls this,
-        without waiting, when a model is added), so a job's first call does not pay for it."""
-        self._template(source)
+    def _load_ahead(self, steps: list[WorkerStep]):
+        """Run a prefetch's offloads and start its load (the last step); a function of (the
+        running function's end on the host clock, its span) -> (seconds per step, exposed
+        seconds) that waits for the load. A load that fails leaves its state on the host:
+        (`()`, 0) and the node books nothing of it; the running call is not failed for it."""
+        if not steps:
+            return None
+        *offloads, load = steps
+        spans = [self._transition(step) for step in offloads]
+        state = self._state(load.spec)
+        host = self._host(load)
+        region = self.arena.region(load.offset, state.device_bytes)
+        pending = self.streams.load_ahead(region, host)
+        state.host = host
+        state.attach(region, self.device, load.offset)
+        state.adam_step = load.adam_step
+
+        def wait(function_end_s: float, function: cuda.Span) -> tuple[tuple[float, ...], float]:
+            try:
+                copy_s, exposed_s = pending.wait(function_end_s, function)
+            except Exception:
+                self._offload(state, dirty=False)
+                return (), 0.0
+            return (*(span.seconds() for span in spans), copy_s), exposed_s
+        return wait
+
+    def prepare(self, source: str, probe_tokens: int | None = None, measure: bool = True) -> tuple[int, int]:
+        """Load a source's module template ahead of its first state here (the node calls this
+        when a model is added), so a job's first call does not pay for it. Returns what a model
+        of it needs on this device beside its state: (its activation reserve, measured once per
+        source when `measure` (runtime/activation.py), else 0; a vLLM engine's share of it)."""
+        template = self._template(source)
+        if measure and source not in self._reserves:
+            self._reserves[source] = activation.measure_reserve(template, probe_tokens, self.arena.torch_device)
+        weights = sum(p.numel() * p.element_size() for p in template.parameters())
+        return self._reserves.get(source, 0), engine_share_bytes(self.arena.torch_device, weights)
+
+    def resize(self, capacity_bytes: int) -> None:
+        """The node changed what this device keeps beside its states: every device copy goes (the
+        node has forgotten them; write-through kept their host copies current) and the arena is let
+        go, to be allocated at `capacity_bytes` by the next load."""
+        with self._lock:
+            for state in self.states.values():
+                if state.tier is Tier.DEVICE:
+                    self._offload(state, dirty=False)
+            self.arena.resize(capacity_bytes)
 
     def offload(self, state_id: str, dirty: bool) -> float:
         return self._transition(WorkerStep(TransitionKind.OFFLOAD, state_id, dirty=dirty)).seconds()
@@ -286,7 +345,7 @@ class DeviceWorker:
                 module = (skeleton_like(self._template(spec.source)) if spec.lora is None
                           else lora.lora_module(self._base(spec.source), spec.lora))
                 state = ModelState(spec.state_id, spec.job, spec.name, module, spec.trainable, spec.source,
-                                   lora=spec.lora, sampler=spec.sampler)
+                                   lora=spec.lora, sampler=spec.sampler, dtype=spec.dtype, autocast=spec.autocast)
                 self.states[spec.state_id] = state
             return state
 

@@ -36,14 +36,14 @@ from plexrl.api.cluster import StateHandle, check_name
 from plexrl.api.futures import APIFuture
 from plexrl.api.types import LoraConfig, SaveStateResponse
 from plexrl.policy import JobProfile, ModelMemory
-from plexrl.runtime import functions, remote
+from plexrl.runtime import functions, precision, remote
 from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.events import write_jsonl
 from plexrl.runtime.host_buffers import WRITEBACK_FLAGS, node_folder
 from plexrl.runtime.job_placer import provisional_profile
 from plexrl.runtime.node import Call, Synced
 from plexrl.runtime.recovery import NodeRecovery
-from plexrl.runtime.state_manager import check_budgets
+from plexrl.runtime.state_manager import BesideStates, check_budgets
 
 
 
@@ -77,7 +77,9 @@ class Front(NodeRecovery):
             workers.update(mine)
             nodes.append(self._host_node(node_id, piece_name(self.name, "node", group), (
                 group, list(mine), mine, config.device_memory_bytes, config.host_memory_bytes, config.policy,
-                str(workdir), str(node_folder(self.name, group)), epoch, config.event_log)))
+                str(workdir), str(node_folder(self.name, group)), epoch, config.event_log, config.prefetch,
+                precision.resolve(config.precision, torch_device), config.activation_reserve_bytes,
+                config.activation_probe_tokens)))
         remote.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in nodes])
         description = Description(config, tuple(node_ids), str(workdir),
                                   config.checkpoint_dir or str(workdir / "checkpoints"))
@@ -101,6 +103,7 @@ class Front(NodeRecovery):
         self.workdir = Path(description.workdir)
         self.checkpoint_dir = Path(description.checkpoint_dir)
         self.checkpoint_every_steps = self.config.checkpoint_every_steps
+        self.precision = precision.resolve(self.config.precision, self._torch_device(self.config.torch_device))
         self.slot_s = self.config.slot_s
         self.front = remote.get(control.new_front.remote())
         self._handles: dict[str, StateHandle] = {}  # caches of the control plane's tables
@@ -205,10 +208,12 @@ class Front(NodeRecovery):
         config = self._config(source)
         group = self._ask("placement", job)
         if group is None:
-            nbytes, shared = _state_bytes(config, trainable, lora)
+            nbytes, shared = _state_bytes(config, trainable, lora, self.precision)
+            reserve = self.config.activation_reserve_bytes or 0  # a measured one is known once the node measured it
             check_budgets(name, job, trainable, nbytes, nbytes, self.config.device_memory_bytes,
-                          self.config.host_memory_bytes, shared)
-            memory = model_memory(name, source, nbytes, nbytes, shared)
+                          self.config.host_memory_bytes, shared, weights_dtype(self.precision, trainable, lora),
+                          BesideStates(reserve_bytes=reserve, shared_bytes=shared))
+            memory = model_memory(name, source, nbytes + reserve, nbytes, shared)
             group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout)
         handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable, lora,
                                                                                    sampler)))
@@ -319,9 +324,11 @@ class Front(NodeRecovery):
         future.set_result(result)
 
     def _memory(self, handles: list[StateHandle]) -> list[ModelMemory]:
-        """What the placer counts of these models: each one's own bytes, a LoRA base's once per node."""
-        return [m for h in handles for m in model_memory(h.name, h.source, h.device_bytes, h.host_bytes,
-                                                         self._base_bytes(h.source) if h.lora else 0)]
+        """What the placer counts of these models: each one's own bytes next to its activation
+        reserve and vLLM engine on a device, a LoRA base's once per node."""
+        return [m for h in handles for m in model_memory(
+            h.name, h.source, h.device_bytes + h.activation_reserve_bytes + h.engine_bytes, h.host_bytes,
+            self._base_bytes(h.source) if h.lora else 0)]
 
     def _base_bytes(self, source: str) -> int:
         """Float32 bytes of `source`'s weights (a LoRA base), from its config."""
@@ -484,7 +491,8 @@ class Front(NodeRecovery):
 
 
 SUMMED = ("switches", "device_busy_s", "transition_bytes", "transition_s",
-          "writebacks", "writeback_bytes", "writeback_zeroed_bytes", "writeback_s")
+          "writebacks", "writeback_bytes", "writeback_zeroed_bytes", "writeback_s",
+          "prefetches", "prefetch_bytes", "prefetch_s", "prefetch_exposed_s")
 
 
 def piece_name(cluster: str, kind: str, index: int | None = None) -> str:
@@ -503,6 +511,9 @@ def merge_summaries(parts: list[dict]) -> dict:
             out["jobs"][job] = _add_counts([out["jobs"].get(job, {}), usage])
     out["recovery"] = _add_counts([p["recovery"] for p in parts])
     out["residency"] = {sid: tier for p in parts for sid, tier in p["residency"].items()}
+    out["device_budget"] = {d: split for p in parts for d, split in p["device_budget"].items()}
+    out["activation_reserves"] = {src: max(p["activation_reserves"].get(src, 0) for p in parts)
+                                  for p0 in parts for src in p0["activation_reserves"]}
     out["bandwidth_gbps"] = parts[0]["bandwidth_gbps"] if len(parts) == 1 else {
         k: max(p["bandwidth_gbps"][k] for p in parts) for k in parts[0]["bandwidth_gbps"]}
     return out
@@ -529,10 +540,16 @@ def kv_bytes_per_token(config) -> int:
     return 2 * config.num_hidden_layers * kv_heads * head_dim * 4
 
 
-def _state_bytes(config, trainable: bool, lora: LoraConfig | None = None) -> tuple[int, int]:
-    """Float32 bytes of a state before it is loaded, and of the shared base it stands on (a LoRA
-    state's; else 0): a provisional estimate for admission (the node measures the real size; the
-    placer's profile is replaced by measured ones later)."""
+def weights_dtype(resolved: str, trainable: bool, lora: LoraConfig | None):
+    """The dtype a state of a cluster of precision `resolved` holds; "auto" (not known to a Ray
+    front: its nodes ask their workers) counts as bf16, the smaller: the node checks the real size."""
+    return precision.state_dtypes("bf16" if resolved == "auto" else resolved, trainable, lora)[0]
+
+
+def _state_bytes(config, trainable: bool, lora: LoraConfig | None = None, resolved: str = "fp32") -> tuple[int, int]:
+    """Bytes of a state before it is loaded (its weights in `weights_dtype`), and float32 bytes of
+    the shared base it stands on (a LoRA state's; else 0): a provisional estimate for admission
+    (the node measures the real size; the placer's profile is replaced by measured ones later)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -541,7 +558,9 @@ def _state_bytes(config, trainable: bool, lora: LoraConfig | None = None) -> tup
     with torch.device("meta"):
         numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     if lora is None:
-        return numel * 4 * (4 if trainable else 1), 0
+        if not trainable:
+            return -(-numel * weights_dtype(resolved, False, None).itemsize // 4) * 4, 0
+        return numel * 4 * 4, 0
     return adapter_numel(config, lora) * 4 * (4 if trainable else 1), numel * 4
 
 

@@ -16,6 +16,13 @@ LoRA states (runtime/lora.py): the node keeps one frozen base module per source 
 which every LoRA state of that source and its sampler snapshots build their modules; their host
 copies hold only their adapters. The StateManager counts each base once (state_manager.py).
 
+The device budget (state_manager.py) keeps each base model's activation reserve, which the
+workers measure when its first model is added here (or `activation_reserve_bytes` when set by
+hand), and its vLLM engine's share beside the states. When what is kept beside them grows (a new
+model, a first vLLM snapshot), `_fit_arenas` holds the devices between calls, drops their device
+copies and has the workers let their arenas go, to be allocated at the smaller size. Arenas grow
+back only when a model is next added (removing one never waits for the devices).
+
 Calls arrive as `Call`s numbered per (front, model); they enter the group's queue in that order
 whatever order the transport delivers them in (calls of one model from one front run in order).
 """
@@ -33,13 +40,13 @@ from plexrl.api.cluster import StateHandle
 from plexrl.api.futures import APIFuture
 from plexrl.api.types import LoraConfig
 from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
-from plexrl.runtime import functions, lora, remote
+from plexrl.runtime import functions, lora, precision, remote
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.device_worker import NotResident, StateSpec, WorkerReply, WorkerStep
 from plexrl.runtime.events import EventLog, job_events
 from plexrl.runtime.host_buffers import SharedHostBuffers, sweep_stale
 from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
-from plexrl.runtime.state import ModelState, load_module, skeleton_like
+from plexrl.runtime.state import FLOAT_BYTES, ModelState, load_module, skeleton_like
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
 from plexrl.samplers.vllm_sampler import check_vllm_state
@@ -72,8 +79,15 @@ class Synced:
 class Node:
     def __init__(self, node: int, devices: list[int], workers: dict, device_memory_bytes: int,
                  host_memory_bytes: int, policy: str, workdir: str, shm_folder: str, epoch: float,
-                 event_log: str | None = None):
+                 event_log: str | None = None, prefetch: bool = True, precision: str = "fp32",
+                 activation_reserve_bytes: int | None = None, activation_probe_tokens: int | None = None):
+        """`precision`: "fp32" or "bf16", or "auto" when the front could not tell what the workers
+        run on (Ray): the first state's making asks them (runtime/precision.py).
+        `activation_reserve_bytes`: every model's reserve (None: the workers measure it on a batch of
+        `activation_probe_tokens` tokens, runtime/activation.py)."""
         self.node = node
+        self._reserve_by_hand, self._probe_tokens = activation_reserve_bytes, activation_probe_tokens
+        self.precision = precision
         self.workers = workers  # device index -> DeviceWorker handle
         import transformers.models.auto.modeling_auto  # noqa: F401  (see DeviceWorker.__init__)
         self.telemetry = Telemetry(EventLog(event_log), epoch=epoch)  # the front's time axis
@@ -86,7 +100,7 @@ class Node:
         self.sm = StateManager(node, arenas, host_memory_bytes, Path(workdir) / f"node{node}" / "spill",
                                self.telemetry, self.buffers, self.changed, self._drop_copies)
         self.group = GroupScheduler(node, devices, self.sm, Policy.parse(policy), self.telemetry, self.changed,
-                                    self._step_on_node)
+                                    self._step_on_node, prefetch=prefetch)
         self.recovery = {"worker_restarts": 0, "restored_states": 0, "lost_work_s": 0.0}
         self._incarnations: dict[int, str] = {}  # device -> the worker process last heard from
         self._restarting: set[int] = set()  # devices whose dispatcher must wait for their new worker
@@ -106,17 +120,89 @@ class Node:
     def add_model(self, job: str, name: str, source: str, trainable: bool,
                   lora_config: LoraConfig | None = None, sampler: str = "hf") -> StateHandle:
         check_vllm_state(sampler, lora_config)
-        prepared = [worker.prepare.remote(source) for worker in self.workers.values()]  # meanwhile, there
+        measure = self._reserve_by_hand is None
+        prepared = [worker.prepare.remote(source, self._probe_tokens, measure)  # meanwhile, there
+                    for worker in self.workers.values()]
         module = load_module(source) if lora_config is None else self._lora_module(source, lora_config)
-        state = ModelState(f"{job}/{name}", job, name, module, trainable, source, lora=lora_config, sampler=sampler)
+        dtype, autocast = precision.state_dtypes(self._precision(), trainable, lora_config)
+        state = ModelState(f"{job}/{name}", job, name, module, trainable, source, lora=lora_config, sampler=sampler,
+                           dtype=dtype, autocast=autocast)
+        self._book_needs(source, prepared)
         self.sm.add(state, self.group.pending)
-        for ref in prepared:  # every worker of the node can run the model from its first call on
+        self._fit_arenas()
+        return self._handle(state)
+
+    def _book_needs(self, source: str, prepared: list) -> None:
+        """What a model of `source` needs beside its state, from the workers' `prepare` replies
+        (every worker of the node can run it from its first call on): the largest reserve any
+        device measured, or the one set by hand, and its vLLM engine's share."""
+        needs = []
+        for ref in prepared:
             try:
-                remote.get(ref)
+                needs.append(remote.get(ref))
             except Exception as exc:  # a worker that died meanwhile loads the template on first use
                 if not remote.is_gone(exc):
                     raise
-        return _handle(state)
+        if not needs:
+            raise errors.WorkerFailed(f"no worker of node {self.node} answered while model folder {source!r} was "
+                                      "prepared; the model was not added and may be added again")
+        reserve = self._reserve_by_hand if self._reserve_by_hand is not None else max(r for r, _ in needs)
+        with self.changed:
+            known = self.sm.reserves.get(source)
+            self.sm.reserves[source] = reserve
+            self.sm.engine_shares[source] = max(e for _, e in needs)
+        if known is None:
+            self.telemetry.events.emit(self.telemetry.now(), "activation_reserve", node=self.node, source=source,
+                                       bytes=reserve, measured=self._reserve_by_hand is None,
+                                       probe_tokens=self._probe_tokens)
+
+    def _fit_arenas(self, holding: frozenset[str] = frozenset()) -> None:
+        """Give the node's arenas the size its states leave them (StateManager.arena_bytes) where
+        that is smaller, or larger: the devices concerned get no new call, and once each waits
+        between calls with none of its resident states in use (but those the caller `holding`s,
+        whose node function uses only the host copy), their device copies are forgotten and the
+        workers let their arenas go. Returns at once when the cluster is closing."""
+        with self.changed:
+            stale = self._stale_arenas()
+            if not stale:
+                return
+            self.group.hold(stale)
+            try:
+                while not self._quiet(stale, holding):
+                    if not all(thread.is_alive() for thread in self._dispatchers):
+                        return
+                    self.changed.wait(RESTART_POLL_S)
+                size = self.sm.arena_bytes()
+                for state in list(self.sm.states.values()):
+                    if state.tier is Tier.DEVICE and state.device in stale:
+                        self.sm.forget_device_copy(state)
+                for device in stale:
+                    self._resize(device, size)
+            finally:
+                self.group.hold(stale, held=False)
+
+    def _stale_arenas(self) -> list[int]:
+        size = self.sm.arena_bytes()
+        return [d for d, arena in self.sm.arenas.items() if arena.capacity_bytes != size - size % FLOAT_BYTES]
+
+    def _quiet(self, devices: list[int], holding: frozenset[str]) -> bool:
+        return all(self.group.between_calls(d) for d in devices) and not any(
+            s.busy and s.tier is Tier.DEVICE and s.device in devices and s.state_id not in holding
+            for s in self.sm.states.values())
+
+    def _resize(self, device: int, size: int) -> None:
+        """Waited for, under the node's lock: no later call can reach the worker before it."""
+        try:
+            remote.get(self.workers[device].resize.remote(size))
+        except Exception as exc:  # a worker restarting: its new arena is sized when it is back
+            if not remote.is_gone(exc):
+                raise
+        self.sm.arenas[device].resize(size)
+
+    def _handle(self, state: ModelState) -> StateHandle:
+        return StateHandle(state.state_id, state.job, state.name, state.source, state.trainable, state.device_bytes,
+                           state.host_bytes, state.lora, state.sampler, self.sm.reserves.get(state.source, 0),
+                           self.sm.engine_shares.get(state.source, 0) if state.sampler == "vllm" else 0)
 
     def _lora_module(self, source: str, lora_config: LoraConfig):
         """A LoRA module over this node's one frozen base of `source` (loaded on first use)."""
@@ -124,6 +210,22 @@ class Node:
             if source not in self._bases:
                 self._bases[source] = lora.frozen(load_module(source))
         return lora.lora_module(self._bases[source], lora_config)
+
+    def _precision(self) -> str:
+        """The node's resolved precision; "auto" (Ray) is resolved from what its first worker
+        that answers runs on (every worker of a node is on its machine)."""
+        if self.precision == "auto":
+            for worker in self.workers.values():
+                try:
+                    self.precision = precision.resolve("auto", remote.get(worker.runs_on.remote()))
+                    break
+                except Exception as exc:  # a worker restarting: ask the next one
+                    if not remote.is_gone(exc):
+                        raise
+            else:
+                raise errors.WorkerFailed(f"no worker of node {self.node} answered what device it runs on; "
+                                          "the model was not added and may be added again")
+        return self.precision
 
     def remove_job(self, job: str, states: list[str] | None = None) -> None:
         """Free every state of `job` (only `states`, when given) once its queued calls are done."""
@@ -191,7 +293,9 @@ class Node:
         while (item := self.group.next_for(device)) is not None:
             self._step(device, *item)
 
-    def _step(self, device: int, request: Request, plan: LoadPlan) -> None:
+    def _step(self, device: int, request: Request, plan: LoadPlan, prefetch: LoadPlan | None = None) -> None:
+        """Run `request` on `device` (its `plan`'s steps first) and, overlapping it, the `prefetch`
+        plan's load of the state the device is likely to run next (scheduler.py)."""
         dispatched = self.telemetry.now()
         self.telemetry.waited(request.job, dispatched - request.arrival_s)
         self._emit(dispatched, "dispatch", request, device, switch=plan.is_switch)
@@ -199,15 +303,21 @@ class Node:
         try:
             self._check_not_torn(request)  # it may have been torn while this call waited
             steps = self._offload_elsewhere(plan, request.job, device)
+            ahead = list(self.sm.device_steps(prefetch)) if prefetch is not None else []
             sent = self.telemetry.now()  # the worker's steps start after the offloads elsewhere
             reply: WorkerReply = remote.get(self.workers[device].run.remote(
-                [self._worker_step(t) for t in steps], request.fn, request.payload, request.state_id))
-            self._book(steps, reply, request, device, sent)
+                [self._worker_step(t) for t in steps], request.fn, request.payload, request.state_id,
+                [self._worker_step(t) for t in ahead]))
+            self._book(steps, reply, request, device, sent, ahead)
             timing = {"wall_s": reply.wall_s, "device_s": reply.device_s}
             result, error = reply.result, reply.error
         except Exception as exc:  # a worker found gone now, or found restarted (it lost what it held)
             died = remote.is_gone(exc) or isinstance(exc, NotResident)
             error = self._worker_died(device, request, dispatched, exc) if died else exc
+        if prefetch is not None:  # before the call resolves: its caller's next call may want that state
+            self.sm.release(prefetch, self.telemetry.now())
+            if self.sm.states[prefetch.state_id].tier is Tier.DEVICE:
+                self.group.prefetched(prefetch.state_id, device)
         self._finish(request, plan, device, result, error, timing)
         if device in self._restarting:
             self._await_restart(device)  # the caller knows already: it may retry on another device
@@ -278,18 +388,27 @@ class Node:
         state = self.sm.states[t.state_id]
         if t.kind is TransitionKind.LOAD:
             spec = StateSpec(state.state_id, state.job, state.name, state.source, state.trainable, state.lora,
-                             state.sampler)
+                             state.sampler, state.dtype, state.autocast)
             return WorkerStep(t.kind, t.state_id, spec, str(self.buffers.path_of(state.host)), t.offset,
                               state.adam_step, weights_version=state.weights_version)
         return WorkerStep(t.kind, t.state_id, dirty=state.dirty)
 
-    def _book(self, steps: list[Transition], reply: WorkerReply, request: Request, device: int, start: float) -> None:
-        self._check_incarnation(device, reply.incarnation, {t.state_id for t in steps} | {request.state_id})
+    def _book(self, steps: list[Transition], reply: WorkerReply, request: Request, device: int, start: float,
+              ahead: list[Transition] = ()) -> None:
+        loaded = {t.state_id for t in steps} | {request.state_id} | ({ahead[-1].state_id} if reply.prefetch_s else set())
+        self._check_incarnation(device, reply.incarnation, loaded)
         for t, seconds in zip(steps, reply.steps_s):
-            moved = t.bytes if t.kind is TransitionKind.LOAD or self.sm.states[t.state_id].dirty else 0
-            self.sm.record(t, request.job, seconds, start, moved)
+            self._record(t, request.job, seconds, start)
             start += seconds
         self._emit(start, "start", request, device)
+        if reply.prefetch_s:  # charged to the job it was for; its load only for the part the function did not hide
+            job = self.sm.states[ahead[-1].state_id].job
+            at = start
+            for t, seconds in zip(ahead, reply.prefetch_s):
+                charged = reply.prefetch_exposed_s if t.kind is TransitionKind.LOAD else None
+                self._record(t, job, seconds, at, charged)
+                at += seconds if charged is None else charged
+            self.telemetry.prefetched(ahead[-1].bytes, reply.prefetch_s[-1], reply.prefetch_exposed_s)
         state = self.sm.states[request.state_id]
         state.adam_step = reply.adam_step
         self.telemetry.executed(request.job, request.state_id, request.fn, device, reply.device_s, reply.wall_s)
@@ -298,6 +417,10 @@ class Node:
             self.telemetry.transition(write, request.job, reply.writeback_bytes, reply.writeback_s, self.node,
                                       self.telemetry.now(), state.device_bytes)
             self.telemetry.wrote_back(reply.writeback_bytes, reply.writeback_zeroed_bytes, reply.writeback_s)
+
+    def _record(self, t: Transition, job: str, seconds: float, start: float, charged_s: float | None = None) -> None:
+        moved = t.bytes if t.kind is TransitionKind.LOAD or self.sm.states[t.state_id].dirty else 0
+        self.sm.record(t, job, seconds, start, moved, charged_s)
 
     def _check_incarnation(self, device: int, incarnation: str, loaded_now: set[str]) -> None:
         """A reply from a new worker process (the old one died between calls): whatever the node
@@ -350,6 +473,7 @@ class Node:
         while time.monotonic() < deadline:
             try:
                 remote.get(self.workers[device].ping.remote(), timeout=RESTART_TIMEOUT_S)
+                remote.get(self.workers[device].resize.remote(self.sm.arenas[device].capacity_bytes))  # born at the budget
                 self.telemetry.events.emit(self.telemetry.now(), "worker_restarted", node=self.node, device=device)
                 self._incarnations.pop(device, None)  # counted at the death: the new process's first reply is not news
                 self._restarting.discard(device)
@@ -379,21 +503,24 @@ class Node:
                 snapshot.weights_version += 1  # a vLLM engine holding the old ones pushes these
                 self.sm.forget_device_copy(snapshot)  # its device copy is stale now; the next use loads it again
         if reusable:
-            self.sm.materialize(snapshot, trainer.job, lambda: snapshot.host.copy_(weights).numel() * 4)
+            self.sm.materialize(snapshot, trainer.job,  # rounded to nearest into a bfloat16 snapshot
+                                lambda: snapshot.segment(snapshot.host, 0).copy_(weights).nbytes)
             with self.changed:
                 snapshot.busy = False
                 self.changed.notify_all()
-            return Synced(_handle(snapshot), name)
+            return Synced(self._handle(snapshot), name)
         version = self._versions[key] = self._versions.get(key, 0) + 1
         module = (skeleton_like(trainer.module) if trainer.lora is None
                   else self._lora_module(trainer.source, trainer.lora))  # a snapshot of an adapter is an adapter
+        dtype, _ = precision.state_dtypes(self._precision(), False, trainer.lora)
         fresh = ModelState(f"{trainer.state_id}@{name}.v{version}", trainer.job, f"{trainer.name}@{name}",
-                           module, False, trainer.source, lora=trainer.lora, sampler=sampler)
+                           module, False, trainer.source, lora=trainer.lora, sampler=sampler, dtype=dtype)
         self.sm.add(fresh, self.group.pending, initial=weights, holding=frozenset({trainer.state_id}))
+        self._fit_arenas(holding=frozenset({trainer.state_id}))  # a first vLLM snapshot keeps its engine's share
         self._samplers[key] = fresh.state_id
         if snapshot is not None:
             self.group.retire(snapshot.state_id, lambda sid=snapshot.state_id: self._remove(sid))
-        return Synced(_handle(fresh), name)
+        return Synced(self._handle(fresh), name)
 
     # -- observability and lifecycle ---------------------------------------------------------------
     def _emit(self, t: float, event: str, request: Request, device: int | None, **extra) -> None:
@@ -406,7 +533,16 @@ class Node:
         with self.changed:
             out["residency"] = {sid: f"device:{s.device}" if s.tier is Tier.DEVICE else s.tier.value
                                 for sid, s in self.sm.states.items()}
+            out["device_budget"] = {d: self._budget_of(d) for d in self.sm.arenas}
+            out["activation_reserves"] = dict(self.sm.reserves)
         return out
+
+    def _budget_of(self, device: int) -> dict:
+        """How a device's budget is split: what is kept beside the states, and what states may use."""
+        beside, arena = self.sm.beside(), self.sm.arenas[device]
+        return {"device_memory_bytes": arena.budget_bytes, "activation_reserve_bytes": beside.reserve_bytes,
+                "activation_reserve_of": beside.reserve_of, "engine_bytes": beside.engine_bytes,
+                "shared_bytes": beside.shared_bytes, "state_bytes": min(arena.capacity_bytes, self.sm.arena_bytes())}
 
     def events(self, job: str | None = None) -> list[dict]:
         return job_events(self.telemetry.events.snapshot(), job)
@@ -428,8 +564,3 @@ class Node:
         for worker in self.workers.values():  # their vLLM engine processes (a worker process's die with it)
             worker.close.remote()
         self.buffers.release_all()
-
-
-def _handle(state: ModelState) -> StateHandle:
-    return StateHandle(state.state_id, state.job, state.name, state.source, state.trainable, state.device_bytes,
-                       state.host_bytes, state.lora, state.sampler)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from plexrl.api import errors
 from plexrl.api.futures import APIFuture
-from plexrl.policy import GroupQueue, LoadPlan, NoFit, Policy, Tier, choose, offload_estimate
+from plexrl.policy import GroupQueue, LoadPlan, NoFit, Policy, Tier, TransitionKind, choose, offload_estimate
 from plexrl.runtime.functions import FUNCTIONS, Function
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
@@ -61,9 +61,11 @@ class GroupScheduler:
         cond: threading.Condition,
         run_on_node: Callable[[Request, LoadPlan], None],
         io_threads: int = 2,
+        prefetch: bool = True,
     ):
         """`run_on_node(request, plan)`: the node's step for a node function, called on an I/O
-        thread with the state claimed; it must `complete` the request."""
+        thread with the state claimed; it must `complete` the request. `prefetch`: with each
+        dispatch, also plan loading the state the policy would pick next for that device."""
         self.group = group
         self.devices = devices
         self.sm = state_manager
@@ -73,8 +75,10 @@ class GroupScheduler:
         self._run_on_node = run_on_node
         self._queue: GroupQueue[Request] = GroupQueue()
         self._idle: set[int] = set()  # devices whose dispatcher waits in next_for (affinity, see policy.choose)
+        self._held: set[int] = set()  # devices given nothing to run while the node resizes their arenas
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix=f"plexrl-io-g{group}")
         self._closed = False
+        self._prefetch = prefetch
 
     def pending(self, state_id: str) -> int:
         return self._queue.pending(state_id)
@@ -142,13 +146,14 @@ class GroupScheduler:
         )
 
     # -- dispatch ---------------------------------------------------------------------------------
-    def next_for(self, device: int) -> tuple[Request, LoadPlan] | None:
-        """Block until `device` has something to run; None once the cluster closes."""
+    def next_for(self, device: int) -> tuple[Request, LoadPlan, LoadPlan | None] | None:
+        """Block until `device` has something to run: (request, its plan, a prefetch plan or
+        None); None once the cluster closes."""
         with self._cond:
             self._idle.add(device)
             try:
                 while not self._closed:
-                    picked = self._pick(device)
+                    picked = None if device in self._held else self._pick(device)
                     if picked is not None:
                         return picked
                     self._cond.wait(_RETRY_S if self._queue.parked() else None)
@@ -156,7 +161,17 @@ class GroupScheduler:
             finally:
                 self._idle.discard(device)
 
-    def _pick(self, device: int) -> tuple[Request, LoadPlan] | None:
+    def hold(self, devices, held: bool = True) -> None:
+        """Under the lock: give `devices` nothing more to run (`held`), or let them run again."""
+        self._held = self._held | set(devices) if held else self._held - set(devices)
+        if not held:
+            self._cond.notify_all()
+
+    def between_calls(self, device: int) -> bool:
+        """Under the lock: whether `device`'s dispatcher waits for its next call (runs none)."""
+        return device in self._idle
+
+    def _pick(self, device: int) -> tuple[Request, LoadPlan, LoadPlan | None] | None:
         for _, head in self._queue.unpark(lambda sid: self.sm.states[sid].busy):
             self._new_head(head)
         ready = self._queue.ready
@@ -185,8 +200,34 @@ class GroupScheduler:
             for t in plan.transitions:  # keep the candidates' residency right for the states this plan moves
                 if t.state_id in ready:
                     ready.set_resident(t.state_id, -1)
-            return request, plan
+            return request, plan, self._plan_prefetch(device, plan)
         return None
+
+    def _plan_prefetch(self, device: int, running: LoadPlan) -> LoadPlan | None:
+        """The load of what the policy would pick next for `device`, to run while `running` does
+        (DESIGN §4: prefetch), claimed; None when there is nothing to gain or nothing safe to do.
+        Not while another device is idle: it would take that request now, and a prefetch claims
+        the state until the running function ends."""
+        ready = self._queue.ready
+        if not self._prefetch or not len(ready) or self._idle - {device}:
+            return None
+        free = self.sm.arenas[device].capacity_bytes - self.sm.resident_bytes(device)
+        offload_s = offload_estimate(ready, free, self.telemetry.bytes_per_s("offload"))
+        state_id = choose(self.policy, ready, device, offload_s, self.telemetry.now(), self._idle)
+        if state_id is None or self.sm.states[state_id].tier is not Tier.HOST:
+            return None
+        plan = self.sm.prepare_prefetch(state_id, device, running, self.pending)
+        for t in plan.transitions if plan is not None else ():  # its victims are not resident any more
+            if t.kind is not TransitionKind.LOAD and t.state_id in ready:
+                ready.set_resident(t.state_id, -1)
+        return plan
+
+    def prefetched(self, state_id: str, device: int) -> None:
+        """A prefetch put `state_id` on `device`: its waiting head is resident there now."""
+        with self._cond:
+            if state_id in self._queue.ready:
+                self._queue.ready.set_resident(state_id, device)
+            self._cond.notify_all()
 
     def _hopeless(self) -> bool:
         """Nothing in transit on the node: waiting cannot make room."""

@@ -12,6 +12,14 @@ LoRA states of that base. While a node holds any LoRA state of a base, that base
 taken off every device's budget and off the host budget, once (`shared_bytes`): the planner
 never hands those arena bytes out, so admission and switching stay honest.
 
+A device's budget (device_memory_bytes) is everything PlexRL may use on it. States get what is left
+(`BesideStates`): budget - the activation reserve of the largest model the node hosts (measured per
+base model folder, runtime/activation.py: one function runs at a time per device) - the vLLM
+engines' shares (one engine per base model sampled on vLLM, on any device) - the shared LoRA bases.
+That net figure is every device's capacity in the policy's view (`plan_load`), and the size the
+node gives its workers' arenas (`arena_bytes`; node.py resizes them when it changes, dropping
+device copies first), so the memory beside the arena really is free on CUDA.
+
 Decisions (what to move) come from `plexrl.policy.transitions`; this module applies them.
 All bookkeeping happens under `lock`, which the node's group scheduler shares (the node makes it).
 Host-side transitions (spill, restore) run here, under the lock, so that two planners never count
@@ -28,6 +36,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +54,7 @@ from plexrl.policy import (
     TransitionKind,
     plan_host_room,
     plan_load,
+    plan_prefetch,
 )
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.host_buffers import SharedHostBuffers
@@ -54,6 +64,30 @@ from plexrl.runtime.telemetry import Telemetry
 Pending = Callable[[str], int]  # queued calls per state (the group scheduler's), for victim choice
 
 HOST_SIDE = (TransitionKind.SPILL, TransitionKind.RESTORE)
+
+
+@dataclass(frozen=True)
+class BesideStates:
+    """What a device's budget keeps beside its states (bytes, the same on every device of a node)."""
+
+    reserve_bytes: int = 0  # activations of the largest model hosted
+    reserve_of: str | None = None  # that model's folder
+    engine_bytes: int = 0  # vLLM engines (weights, KV cache, graphs)
+    shared_bytes: int = 0  # shared frozen LoRA bases
+
+    @property
+    def total(self) -> int:
+        return self.reserve_bytes + self.engine_bytes + self.shared_bytes
+
+    def parts(self) -> str:
+        """' + R activation reserve of model folder X + E for vLLM engines + S of shared LoRA bases'."""
+        of = f" of model folder {self.reserve_of!r}" if self.reserve_of else " (activation_reserve_bytes)"
+        out = f" + {self.reserve_bytes:,} activation reserve{of}" if self.reserve_bytes or self.reserve_of else ""
+        if self.engine_bytes:
+            out += f" + {self.engine_bytes:,} for vLLM engines"
+        if self.shared_bytes:
+            out += f" + {self.shared_bytes:,} of shared frozen LoRA base weights"
+        return out
 
 
 def host_side_end(plan: LoadPlan) -> int:
@@ -88,6 +122,8 @@ class StateManager:
         self.lock = changed
         self._spill_ids = itertools.count()
         self._drop_copies = drop_copies
+        self.reserves: dict[str, int] = {}  # base model folder -> its activation reserve (the node measures it)
+        self.engine_shares: dict[str, int] = {}  # base model folder -> its vLLM engine's share of a device
 
     # -- views for the policy ------------------------------------------------------------
     def info(self, s: ModelState, pending: Pending) -> StateInfo:
@@ -98,12 +134,29 @@ class StateManager:
         )
 
     def view(self, pending: Pending) -> ResidencyView:
-        shared = self.shared_bytes()
+        """Each device's capacity: the net budget (`arena_bytes`), never more than its arena has
+        now (the node resizes arenas after the states it hosts change)."""
+        shared, net = self.shared_bytes(), self.arena_bytes()
         return ResidencyView(
             states={sid: self.info(s, pending) for sid, s in self.states.items()},
-            device_capacity={d: a.capacity_bytes - shared for d, a in self.arenas.items()},
+            device_capacity={d: min(a.capacity_bytes, net) for d, a in self.arenas.items()},
             host_capacity=self.host_capacity - shared,
         )
+
+    def beside(self, adding: ModelState | None = None) -> BesideStates:
+        """What every device keeps beside the node's states (and `adding`'s): see the module docstring."""
+        states = [*self.states.values(), *([adding] if adding is not None else [])]
+        sources = {s.source for s in states}
+        largest = max(sorted(sources), key=lambda src: self.reserves.get(src, 0), default=None)
+        engines = sum(self.engine_shares.get(src, 0) for src in {s.source for s in states if s.sampler == "vllm"})
+        return BesideStates(self.reserves.get(largest, 0), largest, engines, self.shared_bytes(adding))
+
+    def budget(self) -> int:
+        return min(a.budget_bytes for a in self.arenas.values())
+
+    def arena_bytes(self, adding: ModelState | None = None) -> int:
+        """The bytes states may use on each device: the budget less what is kept beside them."""
+        return self.budget() - self.beside(adding).total
 
     def shared_bytes(self, adding: ModelState | None = None) -> int:
         """Bytes of the shared LoRA bases the node's states stand on (and `adding`'s), each counted once."""
@@ -138,38 +191,28 @@ class StateManager:
                 weights.copy_(initial)
             else:
                 torch.cat([p.detach().reshape(-1) for p in state.params], out=weights)
-            host[state.numel :].zero_()  # gradients and Adam moments start at zero
+            state.typed(host)[state.numel :].zero_()  # gradients and Adam moments start at zero
             state.host = host
             state.tier = Tier.HOST
             state.bind(host)
             self.states[state.state_id] = state
-            self._make_room_for_shared()
             self.telemetry.events.emit(self.telemetry.now(), "state_added", state=state.state_id, job=state.job,
                                        node=self.node, host_bytes=state.host_bytes, device_bytes=state.device_bytes)
 
     def check_fits(self, state: ModelState) -> None:
-        """StateTooLarge unless the state fits this node's budgets when nothing but the shared
-        bases (its own included) is there."""
-        smallest = min(a.capacity_bytes for a in self.arenas.values())
-        shared = self.shared_bytes(state)
-        check_budgets(state.name, state.job, state.trainable, state.device_bytes, state.host_bytes, smallest,
-                      self.host_capacity, shared)
+        """StateTooLarge unless the state fits this node's budgets when nothing but what is kept
+        beside the states (its own reserve, engine and base included) is there, and unless every
+        state already here still fits next to what it adds."""
+        budget, beside = self.budget(), self.beside(state)
+        check_budgets(state.name, state.job, state.trainable, state.device_bytes, state.host_bytes, budget,
+                      self.host_capacity, beside.shared_bytes, state.dtype, beside)
         largest = max(self.states.values(), key=lambda s: s.device_bytes, default=None)
-        if largest is not None and shared > self.shared_bytes() and largest.device_bytes + shared > smallest:
+        if largest is not None and beside.total > self.beside().total and largest.device_bytes + beside.total > budget:
             raise errors.StateTooLarge(
-                f"cannot add LoRA model {state.name!r} of job {state.job!r}: its base's {state.shared_bytes:,} bytes "
-                f"would leave a device budget of {smallest - shared:,} bytes, too small for model {largest.name!r} of "
-                f"job {largest.job!r} ({largest.device_bytes:,} bytes); expected device_memory_bytes >= "
-                f"{largest.device_bytes + shared:,}")
-
-    def _make_room_for_shared(self) -> None:
-        """A base just taken off the budgets: idle states resident beyond the smaller device budget
-        drop their device copies (write-through keeps their host copies current; they load again
-        below the line: check_fits made sure every state still fits it)."""
-        shared = self.shared_bytes()
-        for s in self.states.values():
-            if s.tier is Tier.DEVICE and not s.busy and s.offset + s.device_bytes > self.arenas[s.device].capacity_bytes - shared:
-                self.forget_device_copy(s)
+                f"cannot add model {state.name!r} of job {state.job!r}: model {largest.name!r} of job {largest.job!r} "
+                f"already here needs {largest.device_bytes:,} device bytes{beside.parts()} = "
+                f"{largest.device_bytes + beside.total:,} > the device budget of {budget:,} bytes once it is added; "
+                f"expected device_memory_bytes >= {largest.device_bytes + beside.total:,}")
 
     def remove(self, state_id: str) -> None:
         with self.lock:
@@ -209,6 +252,22 @@ class StateManager:
                 self.states[t.state_id].busy = True
         return plan
 
+    def prepare_prefetch(self, state_id: str, device: int, running: LoadPlan, pending: Pending) -> LoadPlan | None:
+        """Under the lock, right after `prepare(running)`: plan loading `state_id` onto `device`
+        while `running`'s function runs there (policy.plan_prefetch says when that is allowed)
+        and claim what the plan touches, as `prepare` does. The caller runs it with `running`
+        and `release`s it. Only states a worker loads from its host copy as it is (hf samplers:
+        a vLLM engine holds one snapshot at a time, so its push cannot overlap its own calls)."""
+        state = self.states.get(state_id)
+        if state is None or state.sampler != "hf":
+            return None
+        plan = plan_prefetch(self.view(pending), state_id, device, running)
+        if plan is None:
+            return None
+        for t in plan.transitions:
+            self.states[t.state_id].busy = True
+        return plan
+
     def device_steps(self, plan: LoadPlan) -> tuple[Transition, ...]:
         """The steps a worker runs (loads and offloads), after `prepare` ran the host-side ones."""
         return plan.transitions[host_side_end(plan):]
@@ -244,7 +303,8 @@ class StateManager:
         self.spill_dir.mkdir(parents=True, exist_ok=True)
         self._drop_copies(state.state_id)  # a worker's mapping would keep the freed host memory alive
         path = self.spill_dir / f"spill-{next(self._spill_ids)}.safetensors"  # opaque: no name can alias
-        save_file({"flat": state.host}, str(path), metadata={"state": state.state_id, "adam_step": str(state.adam_step)})
+        save_file({"flat": state.typed(state.host)}, str(path),  # in its dtype: read back as it was
+                  metadata={"state": state.state_id, "adam_step": str(state.adam_step)})
         state.spill_path = path
         state.unbind()
         self.buffers.release(state.host)
@@ -261,7 +321,7 @@ class StateManager:
             if state.unreadable:
                 host.zero_()
             else:
-                host.copy_(load_file(str(state.spill_path))["flat"])
+                state.typed(host).copy_(load_file(str(state.spill_path))["flat"])
         except Exception as exc:
             self.buffers.release(host)
             state.unreadable = True
@@ -285,7 +345,8 @@ class StateManager:
         self.telemetry.transition(t, job, nbytes, time.perf_counter() - t0, self.node, start)
 
     # -- what workers report -------------------------------------------------------------------
-    def record(self, t: Transition, job: str, seconds: float, start: float, moved: int) -> None:
+    def record(self, t: Transition, job: str, seconds: float, start: float, moved: int,
+               charged_s: float | None = None) -> None:
         """Book a device-side transition a worker ran (the state is claimed busy by the plan).
         The node's own view of a DEVICE state stays bound to its host copy, which write-through
         keeps current: node functions read and write that."""
@@ -296,7 +357,7 @@ class StateManager:
             else:
                 state.tier, state.device, state.offset = Tier.HOST, None, None
             state.dirty = False
-        self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes)
+        self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes, charged_s)
 
     def lose_device(self, device: int) -> list[str]:
         """The device's copies are gone (its worker died, or a node function changed the host
@@ -321,16 +382,18 @@ class StateManager:
 
 
 def check_budgets(name: str, job: str, trainable: bool, device_bytes: int, host_bytes: int, device_budget: int,
-                  host_budget: int, shared_bytes: int = 0) -> None:
-    """StateTooLarge unless a state of these sizes fits the budgets when nothing else is there
-    but `shared_bytes` of shared LoRA bases (counted once on each budget)."""
-    what = ("weights, gradients and Adam moments" if trainable else "weights") + ", float32"
-    if shared_bytes:
-        what += f", next to {shared_bytes:,} bytes of shared frozen LoRA base weights"
-    if device_bytes + shared_bytes > device_budget:
+                  host_budget: int, shared_bytes: int = 0, dtype: torch.dtype = torch.float32,
+                  beside: BesideStates | None = None) -> None:
+    """StateTooLarge unless a state of these sizes (its flat memory in `dtype`) fits the budgets
+    when nothing else is there but what a device keeps `beside` its states (default: only
+    `shared_bytes` of shared LoRA bases) and, on the host, `shared_bytes` (counted once on each budget)."""
+    what = ("weights, gradients and Adam moments" if trainable else "weights") + f", {str(dtype).removeprefix('torch.')}"
+    beside = beside or BesideStates(shared_bytes=shared_bytes)
+    if device_bytes + beside.total > device_budget:
+        need = device_bytes + beside.total
         raise errors.StateTooLarge(
-            f"model {name!r} of job {job!r} needs {device_bytes + shared_bytes:,} device bytes ({what}) but a "
-            f"device budget is {device_budget:,} bytes; expected device_memory_bytes >= {device_bytes + shared_bytes:,}"
+            f"model {name!r} of job {job!r} needs {device_bytes:,} device bytes ({what}){beside.parts()} = {need:,} "
+            f"> the device budget of {device_budget:,} bytes; expected device_memory_bytes >= {need:,}"
         )
     if host_bytes + shared_bytes > host_budget:
         raise errors.StateTooLarge(

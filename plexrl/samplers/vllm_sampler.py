@@ -25,9 +25,12 @@ Invariants:
 - a request the engine refuses arrives as errors.InvalidInput; an engine that fails or dies, as
   VllmEngineError naming its log file.
 
-Out of scope: LoRA states on vLLM (refused when created), trainable states (they sample nothing),
-and counting the engine's own memory (weights + KV cache) in the device budget: on CUDA it sits
-beside the arena, so size `PLEXRL_VLLM_GPU_MEMORY_UTILIZATION` to leave the arena its room.
+The engine's own memory (weights, KV cache, graphs) sits beside the arena and is counted in the
+device budget (`engine_share_bytes`, state_manager.py): on CUDA, `PLEXRL_VLLM_GPU_MEMORY_UTILIZATION`
+(default 0.3) of the device, the most vLLM lets itself take; on CPU, its KV cache space
+(`VLLM_CPU_KVCACHE_SPACE` GiB, default 1) and its weights.
+
+Out of scope: LoRA states on vLLM (refused when created), trainable states (they sample nothing).
 """
 
 from __future__ import annotations
@@ -55,7 +58,25 @@ START_TIMEOUT_S = 900.0  # importing vLLM takes ~25 s on a free core; much longe
 POLL_S = 0.5
 LOG_TAIL_CHARS = 3000
 
+CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE when it is not set
+GiB = 1 << 30
+
 log = logging.getLogger("plexrl.samplers.vllm")
+
+
+def gpu_memory_utilization() -> float:
+    return float(os.environ.get("PLEXRL_VLLM_GPU_MEMORY_UTILIZATION", "0.3"))
+
+
+def engine_share_bytes(torch_device: str, weights_bytes: int) -> int:
+    """What an engine of a base model of `weights_bytes` takes of a device, computed without
+    starting one: on CUDA its gpu_memory_utilization of the device's memory (the cap vLLM keeps
+    to for weights, KV cache and graphs), on CPU its KV cache space and its weights."""
+    if torch_device.startswith("cuda"):
+        import torch
+
+        return int(gpu_memory_utilization() * torch.cuda.get_device_properties(torch.device(torch_device)).total_memory)
+    return int(float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)) * GiB) + weights_bytes
 
 
 class VllmEngineError(RuntimeError):
@@ -96,8 +117,10 @@ class VllmEngine:
     """One engine process of one base model on one device, and the pipe to it (one request at a
     time). Started by `start()`; the constructor does no I/O."""
 
-    def __init__(self, source: str, torch_device: str, threads: int, max_model_len: int, seed: int = 0):
-        self.source, self.torch_device, self.threads = source, torch_device, threads
+    def __init__(self, source: str, torch_device: str, threads: int, max_model_len: int, seed: int = 0,
+                 dtype: str = "float32"):
+        """`dtype`: what the engine computes in (its states' weights dtype, runtime/precision.py)."""
+        self.source, self.torch_device, self.threads, self.dtype = source, torch_device, threads, dtype
         self.max_model_len, self.seed = max_model_len, seed
         self.held: Held | None = None
         self.asleep = False
@@ -124,8 +147,8 @@ class VllmEngine:
         self._conn = Connection(ours.detach())
         self._finalizer = weakref.finalize(self, _stop, self._process, self._conn, self.log_path)
         options = {"model": self.source, "device": self.torch_device, "threads": self.threads, "seed": self.seed,
-                   "max_model_len": self.max_model_len,
-                   "gpu_memory_utilization": float(os.environ.get("PLEXRL_VLLM_GPU_MEMORY_UTILIZATION", "0.3"))}
+                   "max_model_len": self.max_model_len, "dtype": self.dtype,
+                   "gpu_memory_utilization": gpu_memory_utilization()}
         self._conn.send(("start", options))
         self.info = self._reply("start", START_TIMEOUT_S)
         log.info("vLLM engine for %s on %s started: %s", self.source, self.torch_device, self.info)
@@ -137,7 +160,7 @@ class VllmEngine:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", OMP_NUM_THREADS=str(self.threads))
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)  # GiB of KV cache on CPU
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the worker's own pinning stays in force
         if self.torch_device.startswith("cuda"):
             index = self.torch_device.partition(":")[2] or "0"
@@ -152,9 +175,10 @@ class VllmEngine:
             self._process, self._conn, self.held = None, None, None
 
     # -- requests ---------------------------------------------------------------------------------
-    def hold(self, state_id: str, version: int, host_path: str, numel: int, layout: list) -> float:
-        """Make the engine hold `state_id`'s weights at `version` (awake); seconds the push took
-        (0.0 when it held them already)."""
+    def hold(self, state_id: str, version: int, host_path: str, numel: int, layout: list,
+             dtype: str = "float32") -> float:
+        """Make the engine hold `state_id`'s weights at `version` (awake), read from its host buffer
+        as `numel` weights of `dtype`; seconds the push took (0.0 when it held them already)."""
         target = Held(state_id, version)
         with self._lock:
             if self.asleep:
@@ -162,7 +186,7 @@ class VllmEngine:
             if self.held == target:
                 return 0.0
             self.held = None  # a push that fails midway leaves weights of no state
-            seconds = self.request("push", path=host_path, numel=numel, layout=layout)
+            seconds = self.request("push", path=host_path, numel=numel, layout=layout, dtype=dtype)
             self.held = target
             return seconds
 
@@ -297,7 +321,8 @@ class VllmSamplers:
             if engine is None:
                 config = state.module.config
                 engine = self.engines[state.source] = VllmEngine(state.source, self.torch_device, self.threads,
-                                                                 int(config.max_position_embeddings))
+                                                                 int(config.max_position_embeddings),
+                                                                 dtype=dtype_name(state))
         engine.start()
         return engine
 
@@ -306,8 +331,13 @@ class VllmSamplers:
             raise RuntimeError(f"{state.state_id} runs on vLLM but was never loaded on this worker")
         host_path, version = self._loaded[state.state_id]
         engine = self._engine(state)
-        engine.hold(state.state_id, version, host_path, state.numel, layout(state))
+        engine.hold(state.state_id, version, host_path, state.numel, layout(state), dtype_name(state))
         return engine
+
+
+def dtype_name(state) -> str:
+    """The dtype of a state's weights as vLLM and torch name it ("float32", "bfloat16")."""
+    return str(state.dtype).removeprefix("torch.")
 
 
 def layout(state) -> list[tuple[str, tuple[int, ...]]]:
