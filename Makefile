@@ -57,7 +57,9 @@ bench: install
 	$(BIN)/plexrl bench placement
 
 # Every check that needs a GPU (pytest -m cuda, write-back on CUDA, bench switch against a
-# page-locked copy); figures in gpu-check/figures.json. Fails at once without a GPU. Installs
+# page-locked copy, bench prefetch, bench sample on a ~1B model: vLLM vs HF decode and vLLM's
+# wake + push when PLEXRL_VLLM_PYTHON is a CUDA vLLM environment); every figure with its target
+# and pass/fail/skipped in gpu-check/figures.json. Fails at once without a GPU. Installs
 # nothing (a GPU machine may have no registry): .venv's python when there is one, else $(PY).
 gpu-check:
 	PY=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) bash scripts/gpu_check.sh
