@@ -13,6 +13,10 @@ Invariants:
 - `forward_backward` accumulates gradients into the `p.grad` tensors already there, in place: it
   never assigns, replaces or zeroes `p.grad` (the runtime presets them as views into its arena
   and zeroes them after optim_step). With `backward=False` no autograd graph is built.
+- Mixed precision (`autocast=torch.bfloat16`): the model's forward and the loss run under
+  `torch.autocast`, the backward outside it (gradients land in the parameters' own dtype, float32
+  master weights get float32 gradients); log-probs are computed in float32 whatever the model's
+  dtype. Without it, the model runs in its parameters' dtype.
 - Nothing reads or changes global state: no global RNG (sampling draws from a per-call
   `torch.Generator` seeded by the caller), no `model.train()`/`eval()` switch, no default dtype.
   Same weights + same arguments (seed included) -> same result, whatever else runs in the process.
@@ -27,6 +31,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -55,6 +60,13 @@ def model_limits(model: torch.nn.Module, max_positions: int | None) -> tuple[int
     """(vocab_size, max_positions); max_positions defaults to the model's position embeddings."""
     config = model.config
     return config.vocab_size, max_positions or config.max_position_embeddings
+
+
+def mixed(model: torch.nn.Module, autocast: torch.dtype | None):
+    """`torch.autocast` to `autocast` on the model's device type, or nothing when None."""
+    if autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(model_device(model).type, dtype=autocast)
 
 
 def with_cache(model: torch.nn.Module, cache: DynamicCache) -> dict:
@@ -103,7 +115,8 @@ def per_datum(batch: Batch, padded: torch.Tensor) -> list[torch.Tensor]:
 
 def forward_backward(model: torch.nn.Module, datums: Sequence[Datum], loss_fn: str | CustomLoss,
                      loss_fn_config: dict | None = None, *, backward: bool = True,
-                     max_positions: int | None = None) -> types.ForwardBackwardOutput:
+                     max_positions: int | None = None,
+                     autocast: torch.dtype | None = None) -> types.ForwardBackwardOutput:
     """Loss over `datums` (sum over tokens); with `backward`, its gradient added into `p.grad`.
 
     `loss_fn` is a built-in loss name or a custom callable `fn(datums, logprobs) -> (loss, metrics)`
@@ -115,7 +128,7 @@ def forward_backward(model: torch.nn.Module, datums: Sequence[Datum], loss_fn: s
     validation.validate_datums(datums, vocab_size, max_positions)
     run = prepare_loss(loss_fn, loss_fn_config, datums)  # every input error is raised before running
     batch = pad_batch(datums, model_device(model))
-    with torch.enable_grad() if backward else torch.no_grad():
+    with torch.enable_grad() if backward else torch.no_grad(), mixed(model, autocast):
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         total, outputs, metrics = run(batch, logits)
     loss = float(total.detach())
@@ -261,13 +274,13 @@ def custom_loss(fn: CustomLoss, datums: list[Datum], batch: Batch, logits: torch
 # ---------------------------------------------------------------------------- compute_logprobs
 
 def compute_logprobs(model: torch.nn.Module, tokens: Sequence[int], *,
-                     max_positions: int | None = None) -> list[float | None]:
+                     max_positions: int | None = None, autocast: torch.dtype | None = None) -> list[float | None]:
     """Log-prob of each token given the ones before it; the first has no context, so None."""
     tokens = [int(t) for t in tokens]
     vocab_size, max_positions = model_limits(model, max_positions)
     validation.check_sequence(tokens, vocab_size, max_positions, "compute_logprobs sequence")
     input_ids = torch.tensor([tokens], device=model_device(model))
-    with torch.no_grad():
+    with torch.no_grad(), mixed(model, autocast):
         logits = model(input_ids=input_ids).logits
     return [None] + following_logprobs(logits[0], input_ids[0])
 
@@ -355,7 +368,7 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
            params: types.SamplingParams, *, seed: int, stop_token_ids: Sequence[int] = (),
            max_positions: int | None = None, decode: Decode | None = None,
-           include_prompt_logprobs: bool = False) -> types.SampleResponse:
+           include_prompt_logprobs: bool = False, autocast: torch.dtype | None = None) -> types.SampleResponse:
     """`num_samples` continuations of `prompt`, decoded together with a KV cache.
 
     Randomness comes only from a `torch.Generator` seeded with `seed` (the caller picks it,
@@ -368,7 +381,7 @@ def sample(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
     stop = StopRule.of(params.stop, stop_token_ids, decode)
     device = model_device(model)
     generator = torch.Generator(device=device).manual_seed(int(seed))
-    with torch.no_grad():
+    with torch.no_grad(), mixed(model, autocast):
         # 1) prefill the prompt once, then replicate its KV cache for every sample
         cache = DynamicCache()
         cached = with_cache(model, cache)

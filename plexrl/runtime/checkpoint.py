@@ -9,6 +9,11 @@ A saved LoRA state is peft's adapter folder (`adapter_model.safetensors` + `adap
 the adapter's parameters; its base is not copied (the config names it). A LoRA checkpoint loads
 only into a LoRA state of the same shapes, a full one only into a full state.
 
+Dtypes: a state saves its weights in its own dtype (a bfloat16 snapshot or frozen model writes
+bfloat16 tensors, and its config says so); a load reads any dtype and converts it to the state's
+(float32 from bfloat16 is exact, so a bfloat16 state's save and load round-trip bit for bit).
+Optimizer moments are float32.
+
 A checkpoint folder is complete or absent: it is written beside its final name and renamed into
 place, so a writer that dies midway (a lost node) leaves no half-written checkpoint to restore from.
 
@@ -170,7 +175,7 @@ def _write_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
         source = Path(state.source) / name
         if source.is_file() and not (path / name).exists():
             shutil.copyfile(source, path / name)
-    written = state.numel * 4
+    written = state.numel * state.dtype.itemsize
     if with_optimizer and state.trainable:
         flat = state.current()
         save_file(
@@ -204,8 +209,8 @@ def load_state(state: ModelState, path: Path, with_optimizer: bool) -> int:
     moments = _read_moments(state, path) if with_optimizer and state.trainable else None
     # 2) write it into the state: nothing below can fail, every size was checked
     flat = state.current()
-    torch.cat(weights, out=state.segment(flat, 0))
-    written = state.numel * 4
+    torch.cat(weights, out=state.segment(flat, 0))  # rounded to nearest into a bfloat16 state
+    written = state.numel * state.dtype.itemsize
     if state.trainable:
         state.segment(flat, 1).zero_()
         if moments is not None:

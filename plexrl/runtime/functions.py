@@ -75,7 +75,7 @@ def _sample(s: ModelState, tokens, num_samples, params, seed, stop_ids, include_
     strings = params.stop is not None and any(isinstance(stop, str) for stop in params.stop)
     return execution.sample(s.module, tokens, num_samples, params, seed=seed, stop_token_ids=stop_ids,
                             include_prompt_logprobs=include_prompt_logprobs,
-                            decode=decoder(s.source) if strings else None)
+                            decode=decoder(s.source) if strings else None, autocast=s.autocast)
 
 
 @functools.lru_cache(maxsize=16)
@@ -93,7 +93,7 @@ def decoder(source: str) -> Callable[[list[int]], str]:
 
 
 def _forward_backward(s: ModelState, data, loss_fn, loss_fn_config, backward):
-    return execution.forward_backward(s.module, data, loss_fn, loss_fn_config, backward=backward)
+    return execution.forward_backward(s.module, data, loss_fn, loss_fn_config, backward=backward, autocast=s.autocast)
 
 
 def _save_state(s: ModelState, path: str, with_optimizer: bool) -> tuple[SaveStateResponse, int]:
@@ -107,12 +107,12 @@ def _load_state(s: ModelState, path: str, with_optimizer: bool) -> LoadStateResp
 
 
 def _read_weights(s: ModelState):
-    return s.flat_weights().detach().cpu().numpy().copy()
+    return s.flat_weights().detach().float().cpu().numpy().copy()  # float32 whatever the state's dtype
 
 
 FUNCTIONS: dict[str, Function] = {
     "sample": Function(_sample),
-    "compute_logprobs": Function(lambda s, tokens: execution.compute_logprobs(s.module, tokens)),
+    "compute_logprobs": Function(lambda s, tokens: execution.compute_logprobs(s.module, tokens, autocast=s.autocast)),
     "forward_backward": Function(_forward_backward, writes=frozenset({Segment.GRADS})),
     "forward": Function(_forward_backward),
     "optim_step": Function(lambda s, params: OptimStepResponse(checkpoint.adam_step(s, params)),

@@ -2,7 +2,12 @@
 
 Layout of a trainable state, in float32 elements (N = number of parameters):
     [0, N) weights | [N, 2N) gradients | [2N, 3N) Adam exp_avg | [3N, 4N) Adam exp_avg_sq
-A weights-only state (sampling snapshots, frozen reference/teacher models) has just [0, N).
+A weights-only state (sampling snapshots, frozen reference/teacher models) has just [0, N), in
+its `dtype`: float32, or bfloat16 under precision "bf16" (runtime/precision.py), 2 B/param.
+The flat buffers a state is given (its host buffer, its arena region) are float32 storage
+whatever the state's dtype, and a state's size is rounded up to whole float32 words: the state
+views them in its dtype (`typed`, `segment`), so copies between them move bytes and never
+convert. Trainable states are always float32 (mixed precision runs them under autocast).
 A LoRA state (`lora` set, runtime/lora.py) has the same layout over its adapter's parameters only:
 its base weights are a frozen module it shares with every LoRA state of that base, not its memory
 (`shared_bytes` says how large that base is, for the budgets that must count it once).
@@ -55,6 +60,8 @@ class ModelState:
     sampler: str = "hf"  # what runs sample and compute_logprobs: "hf" (backends/) or "vllm" (samplers/)
     weights_version: int = 0  # bumped when its weights are rewritten in place (a sync): a vLLM engine pushes anew
     shared_bytes: int = field(init=False)  # float32 bytes of the shared base it stands on (0 if none)
+    dtype: torch.dtype = torch.float32  # of its flat memory (bfloat16: a weights-only full-parameter state)
+    autocast: torch.dtype | None = None  # its model runs under torch.autocast(dtype) (mixed precision)
 
     def __post_init__(self) -> None:
         params = list(self.module.parameters())  # unique: tied weights appear once
@@ -62,10 +69,15 @@ class ModelState:
         self.shapes = [p.shape for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
         self.shared_bytes = (sum(p.numel() for p in params) - self.numel) * FLOAT_BYTES if self.lora else 0
+        if self.dtype != torch.float32 and (self.trainable or self.lora is not None):
+            raise ValueError(f"state {self.state_id}: dtype {self.dtype} for a trainable or LoRA state; expected "
+                             "float32 (their master weights, gradients and moments are float32)")
 
     @property
     def device_bytes(self) -> int:
-        return self.numel * FLOAT_BYTES * self.segments
+        """Its flat memory, rounded up to whole float32 words (the arena's and host buffers' unit)."""
+        nbytes = self.numel * self.dtype.itemsize * self.segments
+        return -(-nbytes // FLOAT_BYTES) * FLOAT_BYTES
 
     @property
     def host_bytes(self) -> int:
@@ -75,22 +87,29 @@ class ModelState:
     def segments(self) -> int:
         return 4 if self.trainable else 1
 
+    def typed(self, flat: torch.Tensor) -> torch.Tensor:
+        """A flat buffer (float32 storage) viewed in this state's dtype."""
+        return flat if flat.dtype == self.dtype else flat.view(self.dtype)
+
     def segment(self, flat: torch.Tensor, index: int) -> torch.Tensor:
-        return flat[index * self.numel : (index + 1) * self.numel]
+        return self.typed(flat)[index * self.numel : (index + 1) * self.numel]
 
     def spans(self, indices) -> list[slice]:
-        """The element ranges of the segments `indices` this state has, adjacent ones merged
-        (weights and both moments: [0, N) and [2N, 4N))."""
+        """The ranges of the segments `indices` this state has, in float32 words of its flat
+        buffer (for copies between buffers), adjacent ones merged (weights and both moments:
+        [0, N) and [2N, 4N) for a float32 state)."""
+        segment_bytes = self.dtype.itemsize * self.numel
         spans: list[slice] = []
         for i in sorted(i for i in set(indices) if 0 <= i < self.segments):
-            start, stop = i * self.numel, (i + 1) * self.numel
+            start, stop = i * segment_bytes // FLOAT_BYTES, -(-(i + 1) * segment_bytes // FLOAT_BYTES)
             if spans and spans[-1].stop == start:
                 start = spans.pop().start
             spans.append(slice(start, stop))
         return spans
 
     def bind(self, flat: torch.Tensor) -> None:
-        """Point every parameter (and gradient) at its place in `flat`."""
+        """Point every parameter (and gradient) at its place in `flat`, in the state's dtype (a
+        bfloat16 state's module runs in bfloat16)."""
         weights = self.segment(flat, 0)
         grads = self.segment(flat, 1) if self.trainable else None
         offset = 0
