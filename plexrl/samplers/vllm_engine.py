@@ -12,8 +12,9 @@ then any number of (op, args) requests, one at a time. Every reply is ("ok", res
 ("error", kind, message), kind "input" for a request the caller got wrong, "engine" otherwise;
 the process exits when the pipe closes (its worker died or let it go).
 
-    start   {model, device, threads, max_model_len, seed, gpu_memory_utilization}  -> info
-    push    {path, numel, layout}: load flat float32 weights from a host buffer file  -> seconds
+    start   {model, device, threads, max_model_len, seed, gpu_memory_utilization, dtype}  -> info
+    push    {path, numel, layout, dtype}: load flat weights of `dtype` ("float32", "bfloat16") from a
+            host buffer file (vLLM's weight loaders convert them to the engine's dtype)  -> seconds
     sample  {prompt, n, temperature, top_k, top_p, max_tokens, seed, stop_token_ids,
              stop_strings, prompt_logprobs}  -> {sequences: [(tokens, logprobs, reason)], prompt_logprobs}
     logprobs {tokens}  -> [None, lp(t1 | t0), ...]
@@ -57,7 +58,8 @@ class Engine:
         self.sleep_supported = bool(current_platform.is_sleep_mode_available()) and current_platform.is_cuda()
         # A folder without a tokenizer still samples token ids; only stop strings need one.
         self.tokenizer = any(os.path.isfile(os.path.join(options["model"], name)) for name in TOKENIZER_FILES)
-        self.llm = LLM(model=options["model"], skip_tokenizer_init=not self.tokenizer, dtype="float32",
+        self.llm = LLM(model=options["model"], skip_tokenizer_init=not self.tokenizer,
+                       dtype=options.get("dtype", "float32"),
                        enforce_eager=True, seed=int(options["seed"]), max_model_len=int(options["max_model_len"]),
                        enable_prefix_caching=False, logprobs_mode="processed_logprobs",
                        max_num_seqs=int(options.get("max_num_seqs", 256)),
@@ -72,13 +74,15 @@ class Engine:
                 "sleep_supported": self.sleep_supported, "tokenizer": self.tokenizer}
 
     # -- requests -------------------------------------------------------------------------------
-    def push(self, path: str, numel: int, layout: list) -> float:
+    def push(self, path: str, numel: int, layout: list, dtype: str = "float32") -> float:
         import torch
 
         t0 = time.perf_counter()
         if sum(_numel(shape) for _, shape in layout) != numel:
             raise InputError(f"layout covers {sum(_numel(s) for _, s in layout)} weights; expected {numel}")
-        flat = torch.from_file(path, shared=True, size=numel, dtype=torch.float32)
+        if dtype not in ("float32", "bfloat16"):
+            raise InputError(f"dtype {dtype!r}; expected 'float32' or 'bfloat16'")
+        flat = torch.from_file(path, shared=True, size=numel, dtype=getattr(torch, dtype))
 
         def named():
             offset = 0
