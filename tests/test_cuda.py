@@ -10,7 +10,9 @@ Invariants checked:
   it go (spill, free): the host budget stays the files' bytes;
 - device time comes from CUDA events: every function and load is charged a time > 0;
 - a state larger than the device budget is refused with StateTooLarge, and a budget larger than
-  the GPU with a ConfigError naming device_memory_bytes: never a CUDA out-of-memory crash.
+  the GPU with a ConfigError naming device_memory_bytes: never a CUDA out-of-memory crash;
+- precision "auto" is bf16 on CUDA: 2 B/param snapshots that sample what their bf16 weights give
+  run directly, trainers in mixed precision, TF32 allowed for float32 matmuls.
 """
 
 from __future__ import annotations
@@ -137,3 +139,35 @@ def test_a_budget_larger_than_the_gpu_is_a_config_error_not_an_oom_crash(tiny_mo
         for _ in range(2):  # the worker carries on: the same clear error each time
             with pytest.raises(errors.ConfigError, match="device_memory_bytes=.* does not fit"):
                 trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+
+
+def test_bf16_is_the_auto_precision_on_cuda_and_a_bf16_snapshot_samples_its_weights(tiny_model):
+    """precision="auto" on CUDA: snapshots of 2 B/param sampling what the bf16 weights give run
+    directly on the same GPU (tokens identical; log-probs equal to float noise of one kernel choice),
+    the trainer in mixed precision (float32 master weights and moments, 16 B/param)."""
+    from plexrl.backends import execution
+    from plexrl.engines.local import LocalCluster
+    from plexrl.models.tiny import parameter_count
+    from plexrl.runtime.state import load_module
+
+    n = parameter_count(tiny_model)
+    params = plexrl.SamplingParams(max_tokens=6, seed=3)
+    with LocalCluster(devices=1, torch_device="cuda") as cluster:
+        trainer = cluster.service_client("bf16").create_training_client(tiny_model)
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+        trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
+        snapshot = trainer.save_weights_and_get_sampling_client()
+        assert snapshot.state.device_bytes == -(-2 * n // 4) * 4 and trainer.state.device_bytes == 16 * n
+        out = snapshot.sample(plexrl.ModelInput.from_ints([5, 6, 7]), num_samples=2, sampling_params=params).result(
+            TIMEOUT_S)
+        synced = torch.from_numpy(cluster.fetch_weights(snapshot.state))
+    assert torch.equal(synced, synced.bfloat16().float()), "the snapshot does not hold bfloat16 weights"
+    module = load_module(tiny_model).to("cuda")
+    offset = 0
+    for p in module.parameters():
+        p.data = synced[offset:offset + p.numel()].view(p.shape).to("cuda", torch.bfloat16)
+        offset += p.numel()
+    direct = execution.sample(module, [5, 6, 7], 2, params, seed=params.seed)
+    assert [s.tokens for s in out.sequences] == [s.tokens for s in direct.sequences]
+    np.testing.assert_allclose([s.logprobs for s in out.sequences], [s.logprobs for s in direct.sequences], atol=1e-5)
+    assert torch.backends.cuda.matmul.allow_tf32, "a CUDA worker did not allow TF32 for float32 matmuls"

@@ -38,14 +38,17 @@ def __getattr__(name: str):
 
 
 def add_engine_option(parser) -> None:
-    """`--engine NAME` and `--device auto|cpu|cuda` (ClusterConfig.torch_device) for a command
-    that opens clusters (argparse)."""
+    """`--engine NAME`, `--device auto|cpu|cuda` (ClusterConfig.torch_device) and `--precision
+    auto|fp32|bf16` (ClusterConfig.precision) for a command that opens clusters (argparse)."""
     parser.add_argument("--engine", default="process", choices=list(ENGINES),
                         help="process: a process per device (default); local: one process, device workers on "
                              "threads; ray: Ray actors per device and node")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                         help="what a device is: auto (default) a GPU when CUDA is present, else a CPU core; "
                              "cuda: GPUs, refused without one")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="auto (default): bf16 on CUDA devices, fp32 on CPU; bf16: bfloat16 sampler snapshots "
+                             "and frozen models, trainers in mixed precision (float32 master weights and moments)")
 
 
 def check_engine(engine: str) -> str:

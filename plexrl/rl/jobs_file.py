@@ -75,14 +75,14 @@ def load(path: str | Path) -> JobsFile:
         raise JobsFileError("\n".join([f"{path}: {len(error.errors())} problem(s)"] + describe_errors(error))) from None
 
 
-def run(spec: JobsFile, on_step=None, engine: str = "process", device: str = "auto") -> dict:
+def run(spec: JobsFile, on_step=None, engine: str = "process", device: str = "auto", precision: str = "auto") -> dict:
     models = {job.name: str(warm_model(job.task, job.model)) for job in spec.jobs}
     teachers = {job.name: str(warm_model(job.task, job.model, steps=job.teacher_warm_start_steps))
                 for job in spec.jobs if job.algorithm == "distill"}
     c = spec.cluster
     with engines.session(engine, c.devices), engines.open_cluster(
             engine, c.devices, policy=c.policy, device_memory_bytes=c.device_memory_mb * MiB,
-            host_memory_bytes=c.host_memory_mb * MiB, torch_device=device) as cluster:
+            host_memory_bytes=c.host_memory_mb * MiB, torch_device=device, precision=precision) as cluster:
         with ThreadPoolExecutor(len(spec.jobs), thread_name_prefix="controller") as pool:
             futures = [pool.submit(run_job, cluster, job, models[job.name], teachers.get(job.name), on_step)
                        for job in spec.jobs]
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.jobs_file}: {len(spec.jobs)} job(s), valid")
         return 0
     report = None if args.json else (lambda job, step, stats: print(f"{job} step {step}: reward {stats.reward:.3f}", flush=True))
-    summary = run(spec, on_step=report, engine=args.engine, device=args.device)
+    summary = run(spec, on_step=report, engine=args.engine, device=args.device, precision=args.precision)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = stack.enter_context(engines.open_cluster(
             args.engine, args.devices, device_memory_bytes=args.device_memory_mib << 20,
             host_memory_bytes=args.host_memory_mib << 20, checkpoint_dir=str(state_dir / "scratch-checkpoints"),
-            torch_device=args.device))
+            torch_device=args.device, precision=args.precision))
         store = Store(state_dir)
         stack.callback(store.close)
         service = Service(cluster, store, models, tenants, limits)
