@@ -60,7 +60,8 @@ class Engine:
         self.tokenizer = any(os.path.isfile(os.path.join(options["model"], name)) for name in TOKENIZER_FILES)
         self.llm = LLM(model=options["model"], skip_tokenizer_init=not self.tokenizer,
                        dtype=options.get("dtype", "float32"),
-                       enforce_eager=True, seed=int(options["seed"]), max_model_len=int(options["max_model_len"]),
+                       enforce_eager=not current_platform.is_cuda(),  # CUDA graphs on a GPU (its share counts them)
+                       seed=int(options["seed"]), max_model_len=int(options["max_model_len"]),
                        enable_prefix_caching=False, logprobs_mode="processed_logprobs",
                        max_num_seqs=int(options.get("max_num_seqs", 256)),
                        gpu_memory_utilization=float(options["gpu_memory_utilization"]),
