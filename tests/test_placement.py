@@ -242,7 +242,7 @@ def test_a_group_ruled_out_of_scoring_zero_scores_above_zero_at_every_shift(name
             continue
         placer.horizon.advance(float(now))
         shifts = placer._shift_slots(profile)
-        share = placer._shifted_demand(profile, float(now), shifts) / profile.devices
+        share = placer._shifted_share(profile, float(now), shifts)
         placer._units = view.units_per_node(profile)
         cool = placer.horizon.load.max(axis=1) + share.max() <= 1.0 + 1e-9
         may_zero = placer._may_score_zero(groups, share, profile, cool)

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from plexrl.bench.placement import random_profile
+from plexrl.policy import placement
 from plexrl.policy.horizon import Horizon
 from plexrl.policy.placement import Placement, Placer, Wait
 from plexrl.policy.profile import JobProfile, ModelMemory
-from plexrl.policy.resources import ResourceView
+from plexrl.policy.resources import Node, NodeGroup, ResourceView
 
 GiB = 2**30
 BUSY = (2, 2, 2, 2, 2, 2, 0, 0)  # busy 6 of 8 s per device: two such jobs cannot take turns
@@ -105,12 +106,14 @@ def busy_placer(seed: int, steps: int = 40):
         profile = replace(profile, demand=tuple(np.asarray(profile.demand) * rng.uniform(0.3, 1.0)))
         placer.horizon.advance(now)
         shifts = placer._shift_slots(profile)
-        yield placer, profile, placer._shifted_demand(profile, now, shifts) / devices
+        yield placer, profile, placer._shifted_share(profile, now, shifts)
         placer.place(profile, now)
 
 
+@pytest.mark.parametrize("max_runs", [0, 16])  # gathered, and slice by slice
 @pytest.mark.parametrize("seed", range(4))
-def test_row_reductions_over_occupied_rows_equal_those_over_every_row(seed):
+def test_row_reductions_over_occupied_rows_equal_those_over_every_row(seed, max_runs, monkeypatch):
+    monkeypatch.setattr(placement, "_MAX_RUNS", max_runs)
     for placer, _, _ in busy_placer(seed):
         sums, maxima = placer._row_sums_and_maxima()
         load = placer.horizon.load
@@ -118,7 +121,9 @@ def test_row_reductions_over_occupied_rows_equal_those_over_every_row(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_probes_of_warm_rows_equal_probes_of_every_row(seed):
+def test_probes_of_warm_rows_prune_what_probes_of_every_row_pruned(seed):
+    """`_lower_bounds` bit for bit; `_may_score_zero`, whose probes are a superset, rules out
+    at least the groups it ruled out with the even ones alone."""
     cool_seen = warm_seen = 0
     for placer, profile, share in busy_placer(seed):
         cool = placer.horizon.load.max(axis=1) + share.max() <= 1.0 + 1e-9
@@ -127,11 +132,118 @@ def test_probes_of_warm_rows_equal_probes_of_every_row(seed):
         for some in (groups, groups[1:2], groups[::-2]):
             if not some:
                 continue
-            assert np.array_equal(placer._may_score_zero(some, share, profile, cool),
-                                  reference_may_score_zero(placer, some, share, profile))
+            may = placer._may_score_zero(some, share, profile, cool)
+            assert not (may & ~reference_may_score_zero(placer, some, share, profile)).any()  # prunes all it did
             assert np.array_equal(placer._lower_bounds(some, share, profile, cool),
                                   reference_lower_bounds(placer, some, share, profile))
     assert cool_seen and warm_seen
+
+
+def reference_feasible_groups(view: ResourceView, profile: JobProfile) -> np.ndarray:
+    """Pod by pod as the search once went: a pod is skipped when no group in it can fit (too
+    few devices, arenas too small, no node with host room for one copy)."""
+    copies = view.units_per_node(profile) * profile.replica_devices
+    per_group = np.add.reduceat(copies, view.group_first_node)
+    pods = [g.pod for g in view.groups]
+    found = []
+    for pod in dict.fromkeys(pods):
+        members = np.array([i for i, p in enumerate(pods) if p == pod])
+        nodes = np.isin(view.node_group, members)
+        free = view.node_host[nodes] - view.host_used[nodes]
+        if (view.capacity[members].max() >= profile.devices and view.node_arena[nodes].max() >= profile.device_bytes
+                and free.max() >= profile.host_bytes_per_device):
+            found.append(members[per_group[members] >= profile.devices])
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_feasible_groups_equal_a_search_pod_by_pod(seed):
+    """Mixed arenas, host sizes and shared models, filled and emptied at random."""
+    rng = np.random.default_rng(seed)
+    groups = [NodeGroup(f"p{p}/g{g}", f"p{p}", tuple(
+        Node(f"p{p}/g{g}/n{n}", tuple(range(8 * (4 * p + 2 * g + n), 8 * (4 * p + 2 * g + n) + int(rng.choice([2, 4, 8])))),
+             int(rng.choice([20, 80])) * GiB, int(rng.choice([100, 300])) * GiB) for n in range(2)))
+        for p in range(3) for g in range(2)]
+    cluster = ResourceView(groups)
+    held = []
+    for i in range(80):
+        devices, replica = [(1, 1), (2, 1), (4, 2), (8, 2), (8, 8), (16, 4)][int(rng.integers(6))]
+        shared = str(rng.choice(["", "base"]))
+        profile = JobProfile(f"j{i}", 4.0, (1.0,) * 4, devices, (
+            ModelMemory("policy", int(rng.choice([10, 40])) * GiB, int(rng.choice([0, 20, 60])) * GiB),
+            ModelMemory("ref", GiB, 30 * GiB, shared)), replica_devices=replica)
+        fits = cluster.feasible_groups(profile)
+        assert np.array_equal(fits, reference_feasible_groups(cluster, profile)) and fits.dtype == np.int64
+        if len(fits) and rng.random() < 0.7:
+            chosen = cluster.choose_devices(int(fits[0]), profile)
+            cluster.allocate(profile.job, chosen, profile.host_bytes_per_device, profile.shared_host_bytes)
+            held.append(profile.job)
+        elif held:
+            cluster.free(held.pop(int(rng.integers(len(held)))))
+
+
+@pytest.mark.parametrize("probes", [5, 12, 13, 48])
+@pytest.mark.parametrize("passing", [0.02, 0.5, 0.99])  # how often one probe passes: few, some, most pairs survive the head
+def test_fits_on_probes_equals_testing_every_probe(probes, passing):
+    rng = np.random.default_rng(probes)
+    share = rng.random((40, probes))
+    room = np.where(rng.random((30, probes)) < passing ** (1 / 4), np.inf, rng.random((30, probes)) * 0.5)
+    room[rng.random(room.shape) < 0.1] = share.max()  # ties pass
+    expected = ~(share[:, None, :] > room[None]).any(axis=2)
+    assert np.array_equal(placement._fits_on_probes(share, room), expected)
+
+
+class EvenProbes(Placer):
+    """The reference for `_evenly_and_scattered`: `_may_score_zero` on every row, evenly spread probes."""
+
+    scored = 0
+
+    def _may_score_zero(self, groups, share, profile, cool_rows):
+        return reference_may_score_zero(self, groups, share, profile) if groups else np.zeros(0, dtype=bool)
+
+    def _device_costs(self, first_row, share, hot):
+        self.scored += 1
+        return super()._device_costs(first_row, share, hot)
+
+
+class Counted(Placer):
+    scored = 0
+
+    def _device_costs(self, first_row, share, hot):
+        self.scored += 1
+        return super()._device_costs(first_row, share, hot)
+
+
+def test_scattered_probes_give_the_decisions_of_even_ones_scoring_fewer_groups():
+    """Bench-like jobs whose periods divide the even probe stride (an aliased stride reads
+    the job at one phase) on a cluster with room: the same placements, fewer groups scored."""
+    rng = np.random.default_rng(0)
+    cluster = lambda: ResourceView.uniform(2, 8, 2, 4, 80 * GiB, 512 * GiB)  # noqa: E731
+    fast, slow = Counted(cluster(), 256, 1.0), EvenProbes(cluster(), 256, 1.0)
+    for i in range(60):
+        profile = random_profile(rng, f"j{i}", int(rng.choice([1, 2, 4, 8])), int(rng.choice([5, 10, 16, 21, 40])))
+        assert fast.place(profile, 5.0 * i) == slow.place(profile, 5.0 * i)
+    assert fast.scored < slow.scored
+
+
+def reference_shifted_share(placer: Placer, profile: JobProfile, now: float, shifts) -> np.ndarray:
+    """One window per shift read from the projection, put in ring order, then divided."""
+    h, top = placer.horizon, int(shifts[-1])
+    extended = h.project(profile, now, h.origin - top, h.slots + top)
+    by_time = np.lib.stride_tricks.sliding_window_view(extended, h.slots)[top - shifts]
+    return by_time[:, h.positions()] / profile.devices
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shifted_share_equals_windows_of_the_projection(seed):
+    seen = 0
+    for placer, profile, _ in busy_placer(seed, steps=12):
+        for now in (placer.horizon.origin * 1.0, placer.horizon.origin + 0.37):
+            shifts = placer._shift_slots(profile)
+            got = placer._shifted_share(profile, now, shifts)
+            assert np.array_equal(got, reference_shifted_share(placer, profile, now, shifts))
+            seen += len(shifts) > 1 and placer.horizon.origin % placer.horizon.slots > 0
+    assert seen  # several shifts, on a ring turned from its start
 
 
 # -- the horizon's row index -------------------------------------------------------------------
@@ -194,39 +306,67 @@ def test_refusal_table(name):
         assert isinstance(placer.decide(newcomer, 0.0), Wait)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_decisions_equal_those_of_always_searching(seed):
+def replay(seed: int, *placers: Placer) -> tuple[list[list], int]:
     """Random call-model histories (places, observations, releases) on a small cluster of 2
-    nodes per group: every answer equals the reference's, Waits and placements alike, and the
-    shortcut did answer some of them."""
+    nodes per group, applied to every placer alike: the answers of each, and how many
+    decisions the first placer's refusal shortcut answered."""
     rng = np.random.default_rng(seed)
-    cluster = lambda: view(groups=3, nodes=2, devices=2, host=6 * GiB)  # noqa: E731 - host room for 3 copies a node
-    fast, slow = Placer(cluster(), 32, 1.0), SearchAlways(cluster(), 32, 1.0)
-    shortcut = 0
+    answers, shortcut = [[] for _ in placers], 0
     now, placed = 0.0, []
     for i in range(60):
         now += float(rng.integers(0, 4))
         op = rng.random()
         if placed and op < 0.25:
             gone = placed.pop(int(rng.integers(len(placed))))
-            fast.release(gone), slow.release(gone)
+            for p in placers:
+                p.release(gone)
             continue
         if placed and op < 0.4:
             who = placed[int(rng.integers(len(placed)))]
             measured = round(float(rng.random() * 0.3), 2)
-            fast.observe(who, measured), slow.observe(who, measured)
+            for p in placers:
+                p.observe(who, measured)
             continue
         period = int(rng.choice([4, 8, 12]))
         devices = int(rng.choice([1, 2, 4]))
         demand = tuple(rng.integers(0, devices + 1, period).astype(float))
         profile = job(f"j{i}", demand, barriers=int(rng.integers(1, 6)), residual_s=float(rng.random() * 2),
                       slack=float(rng.choice([0.1, 0.3, 1.0])), devices=devices)
-        fast.horizon.advance(now)
-        groups = fast.view.feasible_groups(profile)
-        shortcut += len(groups) > 0 and fast._refused_everywhere(profile, groups) is not None
-        got, expected = fast.place(profile, now), slow.place(profile, now)
-        assert isinstance(got, Wait) == isinstance(expected, Wait)
-        if isinstance(got, Placement):
-            assert got == expected
+        first = placers[0]
+        first.horizon.advance(now)
+        groups = first.view.feasible_groups(profile)
+        shortcut += len(groups) > 0 and first._refused_everywhere(profile, groups) is not None
+        for p, got in zip(placers, answers):
+            got.append(p.place(profile, now))
+        if isinstance(got[-1], Placement):
             placed.append(profile.job)
+    return answers, shortcut
+
+
+def cluster() -> ResourceView:
+    return view(groups=3, nodes=2, devices=2, host=6 * GiB)  # host room for 3 copies a node
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decisions_equal_those_of_always_searching(seed):
+    """Every answer equals the reference's, Waits and placements alike, and the shortcut did
+    answer some of them."""
+    (fast, slow), shortcut = replay(seed, Placer(cluster(), 32, 1.0), SearchAlways(cluster(), 32, 1.0))
+    assert [isinstance(a, Wait) for a in fast] == [isinstance(a, Wait) for a in slow]
+    assert [a for a in fast if isinstance(a, Placement)] == [a for a in slow if isinstance(a, Placement)]
     assert shortcut > 0
+
+
+class Uncached(Placer):
+    """The reference for `_cotenants`: a placed job's co-tenants recomputed at every question."""
+
+    def _cotenants(self, job):
+        self._cotenancy.clear()
+        return super()._cotenants(job)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cotenants_kept_between_changes_give_the_answers_of_recomputing_them(seed):
+    (cached, uncached), _ = replay(seed, Placer(cluster(), 32, 1.0), Uncached(cluster(), 32, 1.0))
+    assert cached == uncached  # Wait reasons included
+    assert any(isinstance(a, Wait) for a in cached) and any(isinstance(a, Placement) for a in cached)

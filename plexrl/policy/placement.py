@@ -80,7 +80,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from plexrl.policy.horizon import Horizon
 from plexrl.policy.profile import JobProfile
@@ -90,6 +89,9 @@ _TINY = 1e-9  # devices; overload below this is float residue, not contention
 _CHUNK_CELLS = 1 << 21  # bounds the (shifts x hot cells) scratch array to ~16 MB
 _PROBES = 48  # hot columns sampled across the horizon for the cheap lower bound of a score
 _BOUND_BLOCK = 32  # groups bounded per vector pass
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # spreads probes over every period (`_evenly_and_scattered`)
+_HEAD_PROBES = 12  # probes every (shift, row) pair is tested on before the rest (`_fits_on_probes`)
+_MAX_RUNS = 16  # runs of occupied rows reduced slice by slice; more are gathered first
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,9 @@ class Placer:
         # jobs with a share on each row; a row without any holds exactly 0.0 in every column
         # (the horizon adds to a row only for a job on it and rebuilds a row from zeros on remove)
         self._row_jobs = np.zeros(len(view.row_device), dtype=np.int64)
+        self._cotenancy: dict[str, tuple[dict[str, tuple[JobProfile, float]], float]] = {}  # `_cotenants`
+        self._node_first_row = np.array([a for a, _ in view.node_rows], dtype=np.int64)
+        self._group_bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)  # (first, end) row
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -167,7 +172,7 @@ class Placer:
         # Jobs start on slot boundaries, so projections line up with the horizon's slots and
         # complementary jobs can be exactly disjoint; the wait for the boundary is part of the shift.
         aligned = math.ceil(now / self.horizon.slot_s - 1e-9) * self.horizon.slot_s
-        share = self._shifted_demand(profile, aligned, shifts) / profile.devices
+        share = self._shifted_share(profile, aligned, shifts)
         best = self._search(groups, profile, share)
         return self._judge(profile, best, int(shifts[best.shift]), share[best.shift], aligned - now)
 
@@ -193,6 +198,7 @@ class Placer:
             self.view.free(job)
             self.horizon.remove(job)
             self._row_jobs[self._rows_of(placed)] -= 1
+            self._cotenancy.clear()
 
     def replace(self, profile: JobProfile, now: float) -> Placement | Wait:
         """Re-place a placed job with a new (measured) profile; on Wait it keeps its old place.
@@ -247,16 +253,16 @@ class Placer:
         stride = -(-distinct // self.max_shifts)
         return np.arange(0, distinct, stride)
 
-    def _shifted_demand(self, profile: JobProfile, now: float, shifts: np.ndarray) -> np.ndarray:
-        """demand[k, c]: the job started at now + shifts[k] slots, in ring column c.
+    def _shifted_share(self, profile: JobProfile, now: float, shifts: np.ndarray) -> np.ndarray:
+        """share[k, c]: the job's demand per device (1/devices of it) started at now + shifts[k]
+        slots, in ring column c.
 
         One projection over [origin - max shift, origin + H) serves every shift: shifting by k
-        slots is reading it k slots earlier.
+        slots is reading it k slots earlier, gathered straight into ring order.
         """
         h, top = self.horizon, int(shifts[-1])
-        extended = h.project(profile, now, h.origin - top, h.slots + top)
-        by_time = sliding_window_view(extended, h.slots)[top - shifts]
-        return by_time[:, h.positions()]
+        extended = h.project(profile, now, h.origin - top, h.slots + top) / profile.devices
+        return extended[(top - shifts)[:, None] + h.positions()[None, :]]
 
     def _search(self, groups: np.ndarray, profile: JobProfile, share: np.ndarray) -> _Candidate:
         """The best (group, shift, devices), visiting groups in tie order (most carried load
@@ -310,19 +316,23 @@ class Placer:
     def _row_sums_and_maxima(self) -> tuple[np.ndarray, np.ndarray]:
         """Each row's summed load and its largest cell: `load.sum(axis=1)` and `load.max(axis=1)`
         bit for bit (each row reduced alone, the same way), passing over occupied rows only
-        (an empty row holds only 0.0)."""
-        occupied = np.flatnonzero(self._row_jobs)
-        sums, maxima = np.zeros(len(self._row_jobs)), np.zeros(len(self._row_jobs))
-        if len(occupied):
-            load = self.horizon.load[occupied]
-            sums[occupied], maxima[occupied] = load.sum(axis=1), load.max(axis=1)
+        (an empty row holds only 0.0): by runs of consecutive ones (packing keeps them few),
+        or as one gathered copy when they are fragmented."""
+        load, occupied = self.horizon.load, self._row_jobs > 0
+        sums, maxima = np.zeros(len(load)), np.zeros(len(load))
+        runs = np.flatnonzero(np.diff(occupied, prepend=False, append=False)).reshape(-1, 2)
+        if len(runs) > _MAX_RUNS:
+            rows = np.flatnonzero(occupied)
+            sums[rows], maxima[rows] = load[rows].sum(axis=1), load[rows].max(axis=1)
+            return sums, maxima
+        for a, b in runs.tolist():
+            sums[a:b], maxima[a:b] = load[a:b].sum(axis=1), load[a:b].max(axis=1)
         return sums, maxima
 
     def _all_cool(self, cool_rows: np.ndarray, profile: JobProfile) -> np.ndarray:
         """Per group: its nodes have enough whole replicas of devices without a hot cell (within
         host room), so the job scores 0 there at every shift."""
-        starts = [a for a, _ in self.view.node_rows]
-        cool = np.add.reduceat(cool_rows.astype(np.int64), starts) // profile.replica_devices
+        cool = np.add.reduceat(cool_rows.astype(np.int64), self._node_first_row) // profile.replica_devices
         units = np.minimum(cool, self._units) * profile.replica_devices
         return np.add.reduceat(units, self.view.group_first_node) >= profile.devices
 
@@ -335,9 +345,9 @@ class Placer:
         A cool row has no hot cell: it is free at every shift."""
         if not groups:
             return np.zeros(0, dtype=bool)
-        spans, warm, room, cols = self._probe_room(groups, share, cool_rows)
+        spans, warm, room, cols = self._probe_room(groups, share, cool_rows, _evenly_and_scattered)
         free = np.ones((len(share), len(warm)), dtype=bool)  # (shifts, rows)
-        free[:, warm] = ~(share[:, None, cols] > (room + 1e-6 / self.horizon.slot_s)[None]).any(axis=2)
+        free[:, warm] = _fits_on_probes(share[:, cols], room + 1e-6 / self.horizon.slot_s)
         starts = np.cumsum([0] + [b - a for a, b in spans[:-1]])
         return (np.add.reduceat(free, starts, axis=1) >= profile.devices).any(axis=0)
 
@@ -350,7 +360,7 @@ class Placer:
         exactly. One vector pass for all `groups`; a cool row costs 0 at every shift."""
         if not groups:
             return np.zeros(0)
-        spans, warm, room, cols = self._probe_room(groups, share, cool_rows)
+        spans, warm, room, cols = self._probe_room(groups, share, cool_rows, _evenly)
         over = share[:, None, cols] - room[None]  # (shifts, warm rows, probes)
         per_row = np.zeros((len(share), len(warm)))
         per_row[:, warm] = np.maximum(over, 0.0, out=over).sum(axis=2) * self.horizon.slot_s
@@ -364,20 +374,19 @@ class Placer:
         # rounded like the scores; a micro device-second less leaves room for their rounding
         return np.round(cheapest - 1e-6, 6)
 
-    def _probe_room(self, groups: list[int], share: np.ndarray, cool_rows: np.ndarray
+    def _probe_room(self, groups: list[int], share: np.ndarray, cool_rows: np.ndarray, pick
                     ) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray, np.ndarray]:
         """(each group's row span, which of the groups' rows are warm, room[w, p], the probe
-        columns): up to `_PROBES` of the groups' hot columns, spread evenly over the horizon,
-        and each warm row's room on them (1 - load on a hot cell; +inf where the job cannot
-        overload it). Only warm rows (not `cool_rows`) have hot cells; cool ones are not read."""
+        columns): the groups' hot columns that `pick` takes, and each warm row's room on them
+        (1 - load on a hot cell; +inf where the job cannot overload it). Only warm rows (not
+        `cool_rows`) have hot cells; cool ones are not read."""
         spans = [self.view.group_rows[g] for g in groups]
         rows = np.concatenate([np.arange(a, b) for a, b in spans])
         warm = ~cool_rows[rows]
         load = self.horizon.load[rows[warm]]
         peak, threshold = share.max(), 1.0 + _TINY
         # a column is hot on some row iff on the row with its largest load (adding is monotone)
-        cols = np.flatnonzero(load.max(axis=0, initial=-np.inf) + peak > threshold)
-        cols = cols[:: max(1, len(cols) // _PROBES)]
+        cols = pick(np.flatnonzero(load.max(axis=0, initial=-np.inf) + peak > threshold))
         at = load[:, cols]
         return spans, warm, np.where(at + peak > threshold, 1.0 - at, np.inf), cols
 
@@ -461,7 +470,7 @@ class Placer:
 
     def _carried(self, groups: np.ndarray, row_load: np.ndarray) -> np.ndarray:
         """Projected demand already on each group (rounded so float residue cannot break ties)."""
-        bounds = np.array([self.view.group_rows[g] for g in groups])
+        bounds = self._group_bounds[groups]
         per_row = np.concatenate(([0.0], np.cumsum(row_load)))
         return np.round(per_row[bounds[:, 1]] - per_row[bounds[:, 0]], 6)
 
@@ -516,14 +525,10 @@ class Placer:
         (`observe`) or else predicted to have."""
         mine = set(rows)
         for job, (profile, _) in tenants.items():
-            own = [self.view.device_rows[d] for d in self._placed[job].placement.devices]
-            others = self._tenants(own, exclude=job)
-            before = wait_inflation(profile, others.values())
-            shared = len(mine.intersection(own)) / len(own)
-            added = wait_inflation(profile, [*others.values(), (newcomer, shared)]) - before
-            was = self._measured.get(job, before)
-            if was + added > max(profile.slack, was) + _TINY:
-                return job, was + added, profile.slack
+            own = self._rows_of(self._placed[job])
+            slowed = self._pushed(newcomer, job, len(mine.intersection(own)) / len(own))
+            if slowed is not None:
+                return job, slowed, profile.slack
         return None
 
     def _refused_everywhere(self, profile: JobProfile, groups: np.ndarray) -> Wait | None:
@@ -545,7 +550,7 @@ class Placer:
         if any(p.profile.barriers <= 0 for p in self._placed.values()):
             return None
         barred: dict[str, bool] = {}
-        turns: dict[tuple[str, ...], bool] = {}
+        cells: dict[tuple[str, ...], tuple[tuple[float, bool], str | None]] = {}  # a row's jobs -> (cell, barring job)
         units = self.view.units_per_node(profile)
         least, tenant = math.inf, ""  # the least bound of groups refused for the newcomer's own inflation
         hurts = mixed = False  # some group refused for a co-tenant's sake; for one reason or the other
@@ -557,11 +562,12 @@ class Placer:
                     continue
                 for row in range(*self.view.node_rows[node]):
                     names = self.horizon.names_on(row)
-                    if names not in turns:
-                        turns[names] = _interleave(profile, [self._placed[j].profile for j in names], margin=1e-9)
-                    cell = (sum(self._placed[j].profile.residual_s for j in names), turns[names])
+                    if names not in cells:  # rows with the same jobs wait alike and are barred alike
+                        tenants = [self._placed[j].profile for j in names]
+                        cell = (sum(t.residual_s for t in tenants), _interleave(profile, tenants, margin=1e-9))
+                        cells[names] = cell, next((j for j in names if self._bars(profile, j, barred)), None)
+                    cell, hurt = cells[names]
                     every.append(cell)
-                    hurt = next((j for j in names if self._bars(profile, j, barred)), None)
                     if hurt is None:
                         unbarred.append(cell)
                     else:
@@ -601,14 +607,27 @@ class Placer:
         """Whether placed `job` would be pushed past its slack by the newcomer on one of its
         devices (`_hurt_by_waits` at the least share), memoised in `memo` for one decision."""
         if job not in memo:
-            placed = self._placed[job]
-            own = [self.view.device_rows[d] for d in placed.placement.devices]
-            others = self._tenants(own, exclude=job)
-            before = wait_inflation(placed.profile, others.values())
-            added = wait_inflation(placed.profile, [*others.values(), (newcomer, 1 / len(own))]) - before
-            was = self._measured.get(job, before)
-            memo[job] = was + added > max(placed.profile.slack, was) + _TINY
+            memo[job] = self._pushed(newcomer, job, 1 / len(self._placed[job].placement.devices)) is not None
         return memo[job]
+
+    def _pushed(self, newcomer: JobProfile, job: str, shared: float) -> float | None:
+        """Placed `job`'s inflation with the newcomer's calls on `shared` of its devices, on top
+        of what it was measured at (`observe`) or else predicted to have, when that pushes it
+        past its slack (or further past it); None when it does not."""
+        profile = self._placed[job].profile
+        others, before = self._cotenants(job)
+        added = wait_inflation(profile, [*others.values(), (newcomer, shared)]) - before
+        was = self._measured.get(job, before)
+        return was + added if was + added > max(profile.slack, was) + _TINY else None
+
+    def _cotenants(self, job: str) -> tuple[dict[str, tuple[JobProfile, float]], float]:
+        """(`_tenants` of placed `job`'s devices, the inflation they give it under the call model),
+        kept until the placements change (`_hold`, `release`): a queue retried on one release
+        asks again for the same jobs."""
+        if job not in self._cotenancy:
+            others = self._tenants(self._rows_of(self._placed[job]), exclude=job)
+            self._cotenancy[job] = others, wait_inflation(self._placed[job].profile, others.values())
+        return self._cotenancy[job]
 
     def _hold(self, placed: _Placed) -> None:
         job, p = placed.profile.job, placed.placement
@@ -617,6 +636,7 @@ class Placer:
         self.horizon.add(job, rows, placed.profile, placed.anchor_s)
         self._row_jobs[rows] += 1
         self._placed[job] = placed
+        self._cotenancy.clear()
 
     def _rows_of(self, placed: _Placed) -> list[int]:
         return [self.view.device_rows[d] for d in placed.placement.devices]
@@ -645,6 +665,39 @@ def _interleave(profile: JobProfile, tenants: list[JobProfile], margin: float = 
     if sum(_busy_s(j) / j.period_s for j in jobs) > 1.0 + margin:
         return False
     return all(_busy_s(a) <= _idle_gap_s(b) for a in jobs for b in jobs if a is not b)
+
+
+def _evenly(cols: np.ndarray) -> np.ndarray:
+    """Up to about `_PROBES` of `cols`, at an even stride."""
+    return cols[:: max(1, len(cols) // _PROBES)]
+
+
+def _evenly_and_scattered(cols: np.ndarray) -> np.ndarray:
+    """`_evenly`'s probes and `_PROBES` more at golden-ratio positions. An even stride close to
+    a multiple of the job's period reads its profile at one phase only: at a shift that puts
+    that phase idle every probe passes, so groups it cannot use are scored in full (a 21-slot
+    job among 1,024 hot columns: 45 groups). Any columns prune `_may_score_zero` exactly, and
+    these are a superset of `_evenly`'s, so it prunes every group it pruned with those."""
+    if len(cols) <= _PROBES:
+        return cols
+    scattered = (np.arange(1, _PROBES + 1) * _GOLDEN % 1.0 * len(cols)).astype(np.int64)
+    # scattered first: `_fits_on_probes` tests its head on all pairs, and these spread from the first
+    return cols[np.concatenate((scattered, np.arange(0, len(cols), len(cols) // _PROBES)))]
+
+
+def _fits_on_probes(share: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """fits[k, w]: share[k, p] <= room[w, p] on every probe p. Most (shift, row) pairs fail
+    on the first few probes, so only the pairs that pass those are tested on the rest (when
+    they are few: gathering them costs more than testing every pair)."""
+    head = min(_HEAD_PROBES, share.shape[1])
+    fits = ~(share[:, None, :head] > room[None, :, :head]).any(axis=2)
+    if head == share.shape[1]:
+        return fits
+    k, w = np.nonzero(fits)
+    if len(k) > fits.size // 4:
+        return fits & ~(share[:, None, head:] > room[None, :, head:]).any(axis=2)
+    fits[k, w] = ~(share[k, head:] > room[w, head:]).any(axis=1)
+    return fits
 
 
 def _busy_s(profile: JobProfile) -> float:

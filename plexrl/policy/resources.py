@@ -17,10 +17,10 @@ node, always, and a shared copy is counted once per node however many jobs use i
 A job whose model replicas span several devices (`JobProfile.replica_devices`, tensor
 parallelism) takes whole replicas per node: a node's devices count for it in multiples of that.
 
-Search goes top-down: pods whose best group cannot possibly fit the job (too few devices,
-arenas too small, no node with room for one copy) are skipped before their groups are
-compared. The per-node arithmetic underneath is one vector pass over the cluster's nodes,
-microseconds at thousands of devices.
+Which groups fit a job is one vector pass over the cluster's nodes (copies each node could
+take, summed per group), microseconds at thousands of devices. A bound per pod (too few
+devices, arenas too small, no node with room for one copy) would only skip groups this pass
+already rules out (a group that fits passes it), so none is taken: it cost more than it saved.
 
 Rows: the placer keeps one row of projected load per device, in topology order (group by
 group, node by node), so a node's devices and a group's devices are contiguous row ranges
@@ -81,9 +81,6 @@ class ResourceView:
         self.group_first_node = np.searchsorted(self.node_group, np.arange(len(self.groups)))
         self.capacity = np.array([len(g.devices) for g in self.groups], dtype=float)
         self.device_jobs: dict[int, int] = {d: 0 for g in self.groups for d in g.devices}
-        pods = sorted({g.pod for g in self.groups}, key=[g.pod for g in self.groups].index)
-        self.pod_groups = {p: np.array([i for i, g in enumerate(self.groups) if g.pod == p]) for p in pods}
-        self.pod_nodes = {p: np.isin(self.node_group, members) for p, members in self.pod_groups.items()}
         self._node_of = {d: n for n, node in enumerate(self.nodes) for d in node.devices}
         first_row = np.concatenate(([0], np.cumsum(self.node_devices)))
         self.node_rows = tuple((int(a), int(b)) for a, b in zip(first_row[:-1], first_row[1:]))
@@ -142,24 +139,9 @@ class ResourceView:
         return self.copies_per_node(profile) // profile.replica_devices
 
     def feasible_groups(self, profile: JobProfile) -> np.ndarray:
-        """Indices (ascending) of the groups where the job's memory fits, searched pod by pod."""
+        """Indices (ascending) of the groups where the job's memory fits."""
         copies = self.units_per_node(profile) * profile.replica_devices
-        per_group = np.add.reduceat(copies, self.group_first_node)
-        found = []
-        for pod, members in self.pod_groups.items():
-            if self._pod_may_fit(pod, profile):
-                found.append(members[per_group[members] >= profile.devices])
-        return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
-
-    def _pod_may_fit(self, pod: str, profile: JobProfile) -> bool:
-        """A cheap upper bound over a whole pod; False means no group in it can fit."""
-        members, nodes = self.pod_groups[pod], self.pod_nodes[pod]
-        free = self.node_host[nodes] - self.host_used[nodes]
-        return bool(
-            self.capacity[members].max() >= profile.devices
-            and self.node_arena[nodes].max() >= profile.device_bytes
-            and free.max() >= profile.host_bytes_per_device
-        )
+        return np.flatnonzero(np.add.reduceat(copies, self.group_first_node) >= profile.devices)
 
     def shortfall(self, profile: JobProfile) -> str:
         """Why no group fits the job's memory, naming the resource that is short."""
