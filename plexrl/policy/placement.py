@@ -13,7 +13,7 @@ rows are devices, capacity 1.0 each).
 
 How a decision is made:
 1. memory: only groups where every model fits a device arena and the job's host buffers fit
-   its nodes are considered (`ResourceView`, searched pod by pod);
+   its nodes are considered (`ResourceView`, one vector pass over the nodes);
 2. contention: for each such group, each of its devices d and each candidate phase shift phi
    (multiples of the horizon slot inside one period, at most `max_shifts` of them),
        cost(d, phi) = sum over slots of max(0, load_d + shift(demand, phi) / n - 1) * slot_s,
