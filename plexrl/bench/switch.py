@@ -5,7 +5,9 @@ the same size measured in the same run (the physical reference).
 Two frozen states of about SIZE bytes alternate on one device whose arena holds one of them, so
 every call is a switch: the resident state goes back to its host copy (which write-through keeps
 current: nothing to copy) and the other one is loaded (SIZE bytes in). The figure is the loaded
-bytes over the load's own time, as the runtime records it. With a CUDA device the arena is
+bytes over the load's own time, as the runtime records it. On CPU a device is a logical one
+copying with its own threads (threads_per_device, 1 by default), and the reference copy runs
+with as many (`memcpy_gbps_all_threads`: every core, for scale). With a CUDA device the arena is
 device memory; the reference is then the host-to-device copy from a host buffer page-locked at
 its size (cudaHostRegister, as the runtime's own are), and a load is timed by CUDA events.
 
@@ -25,6 +27,7 @@ import time
 import torch
 
 from plexrl.bench.common import emit, median
+from plexrl.runtime.config import ClusterConfig
 
 import math
 
@@ -98,20 +101,28 @@ def writeback_per_step(nbytes: int, steps: int, device: str, precision: str = "a
             "writeback_zeroed_bytes_per_step": metrics["writeback_zeroed_bytes"] / steps,
             "writeback_s_per_step": metrics["writeback_s"] / steps,
             "whole_state_writeback_bytes_per_step": whole,
-            "whole_state_writeback_s_per_step": whole / (memcpy_gbps(state_bytes, 8, device, to_host=True) * 1e9),
+            "whole_state_writeback_s_per_step": whole / (memcpy_gbps(state_bytes, 8, device, to_host=True,
+                                                                     threads=ClusterConfig().threads_per_device) * 1e9),
             "trainer_state_bytes": state_bytes}
 
 
-def memcpy_gbps(nbytes: int, repeats: int, device: str, to_host: bool = False) -> float:
+def memcpy_gbps(nbytes: int, repeats: int, device: str, to_host: bool = False, threads: int | None = None) -> float:
+    """GB/s of copy_ between preallocated buffers of `nbytes`; on CPU with `threads` intra-op
+    threads (None: this process's count) — a logical CPU device copies with its own
+    threads_per_device, so that is its physical reference, not every core of the machine."""
     from plexrl.runtime import cuda
 
     host = torch.empty(nbytes // 4, dtype=torch.float32)
     streams = cuda.Streams(device)
     streams.register(host)  # page-locked at its size on CUDA, as the runtime's host buffers are
+    before = torch.get_num_threads()
+    if threads is not None and not device.startswith("cuda"):
+        torch.set_num_threads(threads)
     try:
         return _copy_gbps(host, torch.empty(nbytes // 4, dtype=torch.float32, device=device), repeats, device,
                           to_host)
     finally:
+        torch.set_num_threads(before)
         streams.unregister(host)
 
 
@@ -155,15 +166,19 @@ def main(argv: list[str]) -> int:
                "cuda": ["cuda"]}[args.device]
     for device in devices:
         switch, moved = switch_gbps(nbytes, args.repeats, device, args.precision)
-        reference = memcpy_gbps(moved, max(args.repeats, 8), device)  # the same bytes
+        # the same bytes, copied with the device worker's threads (ClusterConfig.threads_per_device)
+        reference = memcpy_gbps(moved, max(args.repeats, 8), device, threads=ClusterConfig().threads_per_device)
         figures = {"switch_gbps": switch, "memcpy_gbps": reference, "ratio": switch / reference,
                    "bytes_per_switch": moved}
+        if device == "cpu":  # for scale: the same copy on every core of this machine
+            figures["memcpy_gbps_all_threads"] = memcpy_gbps(moved, max(args.repeats, 8), device)
         if args.rl_steps > 0:
             figures.update(writeback_per_step(nbytes, args.rl_steps, device, args.precision))
         prefix = "" if device == "cpu" else "cuda_"
         result.update({prefix + key: value for key, value in figures.items()})
     result["state_bytes"] = nbytes
-    result["threads"] = torch.get_num_threads()
+    result["threads"] = ClusterConfig().threads_per_device  # of a CPU device, and of its reference copy
+    result["machine_threads"] = torch.get_num_threads()
     emit("switch: a state's load through the runtime vs copy_ between preallocated buffers; "
          "an RL loop's write-back vs the whole state's", result, args.json)
     return 0
