@@ -203,7 +203,8 @@ def _busy_intervals(records: list[Mapping], end_s: float) -> list[tuple[float, f
             intervals.append((t0, float(e["t"]), dev))
         elif kind == "transition" and device is not None and e.get("kind") in _DEVICE_TRANSITIONS:
             t0 = float(e["t"])
-            intervals.append((t0, t0 + float(e.get("seconds", 0.0)), int(device)))
+            held = float(e.get("seconds", 0.0)) - float(e.get("hidden_s", 0.0))  # a prefetch: what it did not hide
+            intervals.append((t0, t0 + held, int(device)))
     intervals.extend((t0, max(t0, end_s), dev) for t0, dev in started.values())
     return intervals
 

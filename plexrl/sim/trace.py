@@ -285,5 +285,5 @@ def _totals(calls: tuple[TracedCall, ...], transitions: list[dict]) -> dict[str,
         exec_s[c.job] += c.device_s
     for t in transitions:
         if t["kind"] in DEVICE_SIDE and t.get("device") is not None:
-            switch_s[t["job"]] += t["seconds"]
+            switch_s[t["job"]] += t["seconds"] - t.get("hidden_s", 0.0)  # a prefetch: only what it did not hide
     return {job: JobTotals(exec_s[job], switch_s[job]) for job in exec_s}
