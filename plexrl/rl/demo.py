@@ -109,6 +109,19 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def budget_split(metrics: dict) -> dict:
+    """Device 0's budget as it was while the jobs ran: the split `metrics()` gives once they are
+    gone has no model left to keep a reserve for, so the reserve is the largest one measured."""
+    split = dict(metrics["device_budget"][0])
+    reserves = metrics["activation_reserves"]
+    if reserves and not split["activation_reserve_bytes"]:
+        largest = max(sorted(reserves), key=reserves.get)
+        split["activation_reserve_bytes"], split["activation_reserve_of"] = reserves[largest], largest
+        split["state_bytes"] = (split["device_memory_bytes"] - split["activation_reserve_bytes"]
+                                - split["engine_bytes"] - split["shared_bytes"])
+    return split
+
+
 # ---------------------------------------------------------------------------- the two modes
 
 def run_dedicated(specs, models, args, progress: "Progress", out: Path):
@@ -186,7 +199,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
         "device_s_held_exclusive": MUX_DEVICES * makespan_exclusive,
         "device_s_held_exclusive_jobs": sum(result.wall_s for result, _ in dedicated.values()),
         "switches": metrics["switches"],
-        "device_budget": metrics["device_budget"][0],  # per device: its reserve, and what states may use
+        "device_budget": budget_split(metrics),  # per device: its reserve, and what states may use
         "switch_overhead": metrics["transition_s"] / busy if busy else 0.0,
         "device_utilisation_mux": busy / (MUX_DEVICES * metrics["makespan_s"]),
         # Where the devices' time goes on a CPU machine: this process's CPU over the multiplexed
