@@ -37,7 +37,7 @@ import torch
 from plexrl.api import errors
 from plexrl.api.types import Datum, ModelInput, SamplingParams
 from plexrl.backends import execution
-from plexrl.runtime.state import FLOAT_BYTES, skeleton_like
+from plexrl.runtime.state import FLOAT_BYTES, ModelState, skeleton_like
 
 DEFAULT_PROBE_TOKENS = 4096  # activation_probe_tokens=None: one sequence, at most this long
 
@@ -93,24 +93,16 @@ def batch_shape(config, tokens: int | None) -> tuple[int, int]:
 
 def trainable_copy(template: torch.nn.Module, torch_device: str) -> tuple[torch.nn.Module, torch.Tensor]:
     """A copy of `template` on `torch_device` whose weights and zeroed gradients are views into
-    one flat tensor (as a resident state's are into the arena), every parameter trainable."""
-    module = skeleton_like(template)
-    params, sources = list(module.parameters()), list(template.parameters())
-    numel = sum(p.numel() for p in params)
-    flat = torch.zeros(2 * numel, dtype=torch.float32, device=torch_device)
-    offset = 0
-    for p, source in zip(params, sources):
-        n = source.numel()
-        p.data = flat[offset : offset + n].view(source.shape)
-        p.data.copy_(source.detach())
-        p.grad = flat[numel + offset : numel + offset + n].view(source.shape)
+    one flat tensor, bound as a resident trainable state's are into the arena (ModelState.bind:
+    its first two segments), every parameter trainable."""
+    state = ModelState("probe", "probe", "probe", skeleton_like(template), True, "")
+    flat = torch.zeros(2 * state.numel, dtype=torch.float32, device=torch_device)
+    torch.cat([p.detach().reshape(-1) for p in template.parameters()], out=state.segment(flat, 0))
+    state.bind(flat)
+    state._move_buffers(flat.device)  # rotary frequencies and the like follow the weights
+    for p in state.params:
         p.requires_grad_(True)
-        offset += n
-    for sub in module.modules():  # rotary frequencies and the like follow the weights
-        for name, buffer in sub._buffers.items():
-            if buffer is not None:
-                sub._buffers[name] = buffer.to(torch_device)
-    return module, flat
+    return state.module, flat
 
 
 def cuda_peak(device: torch.device, runs) -> int:

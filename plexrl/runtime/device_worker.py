@@ -187,13 +187,8 @@ class DeviceWorker:
             return None
         *offloads, load = steps
         spans = [self._transition(step) for step in offloads]
-        state = self._state(load.spec)
-        host = self._host(load)
-        region = self.arena.region(load.offset, state.device_bytes)
+        state, host, region = self._attach(load)
         pending = self.streams.load_ahead(region, host)
-        state.host = host
-        state.attach(region, self.device, load.offset)
-        state.adam_step = load.adam_step
 
         def wait(function_end_s: float, function: cuda.Span) -> tuple[tuple[float, ...], float]:
             try:
@@ -252,10 +247,12 @@ class DeviceWorker:
     def _transition(self, step: WorkerStep) -> cuda.Span:
         """The copy's span (building a state's module skeleton the first time is not a transition)."""
         if step.kind is TransitionKind.LOAD:
-            state = self._state(step.spec)
-            host = self._host(step)
+            state, host, region = self._attach(step)
             self.samplers.prepare(state)  # starting a vLLM engine is not a transition either
-            span = self._load(state, host, step)
+            span = self.streams.load(region, host)
+            t0 = time.perf_counter()
+            self.samplers.switch_in(state, step.host_path, step.weights_version)  # a push, when the engine needs one
+            span.add_elsewhere(time.perf_counter() - t0)  # a switch-in's time includes it
         elif step.kind is TransitionKind.OFFLOAD:
             span = cuda.Span()
             state = self.states.get(step.state_id)
@@ -283,15 +280,16 @@ class DeviceWorker:
         if known is not None:
             self.streams.unregister(known[1])  # before the mapping goes: the host budget is the files' bytes
 
-    def _load(self, state: ModelState, host: torch.Tensor, step: WorkerStep) -> cuda.Span:
-        state.host = host
+    def _attach(self, step: WorkerStep) -> tuple[ModelState, torch.Tensor, torch.Tensor]:
+        """A load's state bound to its arena region (views only: the caller copies the host copy
+        in, now or ahead of the next function): (the state, its host copy, the region)."""
+        state = self._state(step.spec)
+        host = self._host(step)
         region = self.arena.region(step.offset, state.device_bytes)
-        span = self.streams.load(region, host)
+        state.host = host
         state.attach(region, self.device, step.offset)
         state.adam_step = step.adam_step
-        t0 = time.perf_counter()
-        self.samplers.switch_in(state, step.host_path, step.weights_version)  # a push, when the engine needs one
-        return span.add_elsewhere(time.perf_counter() - t0)  # a switch-in's time includes it
+        return state, host, region
 
     def _offload(self, state: ModelState, dirty: bool) -> None:
         self.samplers.switch_out(state)

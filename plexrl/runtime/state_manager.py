@@ -136,11 +136,12 @@ class StateManager:
     def view(self, pending: Pending) -> ResidencyView:
         """Each device's capacity: the net budget (`arena_bytes`), never more than its arena has
         now (the node resizes arenas after the states it hosts change)."""
-        shared, net = self.shared_bytes(), self.arena_bytes()
+        beside = self.beside()
+        net = self.budget() - beside.total
         return ResidencyView(
             states={sid: self.info(s, pending) for sid, s in self.states.items()},
             device_capacity={d: min(a.capacity_bytes, net) for d, a in self.arenas.items()},
-            host_capacity=self.host_capacity - shared,
+            host_capacity=self.host_capacity - beside.shared_bytes,
         )
 
     def beside(self, adding: ModelState | None = None) -> BesideStates:
