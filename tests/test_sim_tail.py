@@ -114,3 +114,45 @@ def test_freed_worker_serves_another_job_during_the_tail():
     assert a.finished == pytest.approx(40.0 + 100 / 1e9)
     # A consumed 10 + 10 + 30 worker-seconds of execution, not 2 x 40
     assert service.ledger.jobs["A"].exec_s == pytest.approx(50.0)
+
+
+def _two_jobs_on_one_set(tail):
+    """Two code-style jobs on one 16-GPU set with slack to share it: the first runs alone until
+    the second arrives, then both share every GPU."""
+    from plexrl.sim.plexrl_mode import PlexRLMode
+    from plexrl.sim.workload import Cluster, Workload
+
+    cluster = Cluster(name="one-set", nodes_per_pod=2, group_nodes=2)
+    workload = Workload.model_validate({"name": "pair", "seed": 1, "jobs": [
+        {"name": "code", "count": 2, "algorithm": "dapo", "params_b": 30, "active_params_b": 3, "tp": 2, "dp": 8,
+         "steps": 6, "reward_s": 650, "arrival_every_s": 1500, "slack": 1.0, "rollout": {"prompts": 64}},
+    ]})
+    mode = PlexRLMode(workload, cluster, Policy.PLEXRL, tail=tail)
+    mode.run()
+    return mode
+
+
+def test_a_job_consolidates_its_tail_only_while_it_shares_its_gpus():
+    """`Tail.SHARED` (the default): a job alone on its GPUs keeps every replica through the tail
+    (consolidating would free GPUs nobody is placed to use, at a cost to its own step); once a
+    co-tenant is placed on them it consolidates from its next step on, and stops when the
+    co-tenant leaves. `Tail.ALWAYS` and `Tail.NEVER` decide the same for every step. Each
+    step's solo time is planned the way that step ran."""
+    from plexrl.sim.plexrl_mode import Tail
+
+    mode = _two_jobs_on_one_set(Tail.SHARED)
+    first, second = mode.by_name["code-0"], mode.by_name["code-1"]
+    assert first.finished is not None and second.finished is not None
+    assert second.started < first.finished, "the workload must make them share"
+    assert first.tail_steps[0] is False, "alone when it began"
+    assert True in first.tail_steps, "it consolidates once the second job shares its GPUs"
+    assert second.tail_steps[0] is True, "the second job shares from its first step"
+    assert second.tail_steps[-1] is False, "alone again after the first job has finished"
+    for job in (first, second):
+        rollout, train = len(job.workers["sampler"]), len(job.workers["trainer"])
+        want = sum(solo_step_s(job.plans.step(job.spec, job.seed, job.index, job.costs, k, rollout, train, tail))
+                   for k, tail in enumerate(job.tail_steps[:job.step]))
+        assert job.solo_s() == want
+    for tail, every in ((Tail.ALWAYS, True), (Tail.NEVER, False)):
+        mode = _two_jobs_on_one_set(tail)
+        assert all(t is every for job in mode.by_name.values() for t in job.tail_steps)

@@ -11,12 +11,19 @@ delays the job's first step by that much. The loop is closed: as a job's steps e
 measured inflation goes back to the placer (`Placer.observe`), which judges its tenants by it
 when the next job asks for their devices. A job is charged what it consumed: execution plus
 the switch-in its dispatches caused, per GPU. Each rollout call is one replica, so GPUs come
-back as their replicas finish; and each rollout's long tail is consolidated onto
-`TAIL_REPLICAS` replicas (`latency.consolidated_shards`); `plexrl-wholetail` turns that off.
+back as their replicas finish. A job that shares its GPUs with another job consolidates each
+rollout's long tail onto `TAIL_REPLICAS` replicas (`latency.consolidated_shards`): the other
+replicas' GPUs go to its co-tenants instead of idling through the tail. A job alone on its GPUs
+does not: consolidating frees GPUs nobody is placed to use and makes its own step ~3% slower
+(the tail's re-prefill and its larger batch per replica), as in the baselines, whose jobs own
+their devices. The choice is made as each step begins, from who is placed on the job's GPUs
+then (`Tail.SHARED`); `plexrl-alltail` consolidates every step of every job (`Tail.ALWAYS`),
+`plexrl-wholetail` none (`Tail.NEVER`).
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from functools import partial
 from typing import Callable
 
@@ -33,6 +40,14 @@ from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.service import SimJob
 from plexrl.errors import ConfigError
 from plexrl.sim.workload import GB, Cluster
+
+class Tail(str, Enum):
+    """When a job's rollouts consolidate their long tail."""
+
+    SHARED = "shared"  # while another job is placed on its GPUs (the default)
+    ALWAYS = "always"
+    NEVER = "never"
+
 
 SLOT_S = 5.0  # placer horizon slot: 1,024 slots cover ~85 minutes, a few steps of most jobs
 HORIZON_SLOTS = 1024
@@ -71,10 +86,11 @@ class PlexRLMode(Mode):
     consolidates_tail = True
     exclusive_groups = False  # jobs share node groups: every call goes through the request policy
 
-    def __init__(self, *args, placer: Callable[..., Placer] = Placer, consolidate_tail: bool = True,
+    def __init__(self, *args, placer: Callable[..., Placer] = Placer, tail: Tail = Tail.SHARED,
                  feedback: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.consolidates_tail = consolidate_tail
+        self.tail = Tail(tail)
+        self.consolidates_tail = self.tail is not Tail.NEVER  # the placer's profile: the job as it shares
         view = resource_view(self.cluster)
         self.empty_view = resource_view(self.cluster)
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
@@ -95,7 +111,7 @@ class PlexRLMode(Mode):
 
     def _arrive(self, job: SimJob) -> None:
         self.by_name[job.name] = job
-        profile = job_profile(job.spec, job.costs, job.seed, job.index, job.consolidate_tail, job.plans)
+        profile = job_profile(job.spec, job.costs, job.seed, job.index, self.consolidates_tail, job.plans)
         if len(self.empty_view.feasible_groups(profile)) == 0:
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
@@ -113,6 +129,7 @@ class PlexRLMode(Mode):
         self.forecasts[job.name].close(now)
         admissions = self.admission.release(job.name, now)
         self._forecast(tenants)
+        self._choose_tails(tenants)
         for admission in admissions:
             self._launch(self.by_name[admission.job], admission.placement)
 
@@ -122,6 +139,7 @@ class PlexRLMode(Mode):
             self.attach(job, state, workers)
         self.forecasts[job.name] = Forecast(self.loop.now)
         self._forecast(self._cotenants(job) | {job.name})
+        self._choose_tails(self._cotenants(job) | {job.name})
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
 
     def _measure(self, job: SimJob) -> None:
@@ -132,6 +150,12 @@ class PlexRLMode(Mode):
         if self.measured.get(job.name) != inflation:
             self.measured[job.name] = inflation
             self.admission.placer.observe(job.name, inflation)
+
+    def _choose_tails(self, jobs: set[str]) -> None:
+        """Whether each of `jobs` consolidates its rollouts' tails from its next step on."""
+        for name in jobs:
+            job = self.by_name[name]
+            job.consolidate_tail = self.tail is Tail.ALWAYS or (self.tail is Tail.SHARED and bool(self._cotenants(job)))
 
     def _cotenants(self, job: SimJob) -> set[str]:
         return {r.job for w in job.workers["trainer"] for r in w.states.values()} - {job.name}
@@ -190,6 +214,12 @@ def no_shift(workload, cluster, policy) -> PlexRLMode:
 
 
 def whole_tail(workload, cluster, policy) -> PlexRLMode:
-    mode = PlexRLMode(workload, cluster, policy, consolidate_tail=False)
+    mode = PlexRLMode(workload, cluster, policy, tail=Tail.NEVER)
     mode.name = "plexrl-wholetail"
+    return mode
+
+
+def all_tail(workload, cluster, policy) -> PlexRLMode:
+    mode = PlexRLMode(workload, cluster, policy, tail=Tail.ALWAYS)
+    mode.name = "plexrl-alltail"
     return mode

@@ -64,7 +64,8 @@ class SimJob:
     outstanding: int = 0
     submitted: int = 0
     served: int = 0
-    consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas
+    consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas (its next steps)
+    tail_steps: list[bool] = field(default_factory=list)  # `consolidate_tail` as each step began
     slack_s: float = float("inf")  # delay a step may take on: slack x its profile's period (PlexRL)
     step_delay_s: float = 0.0  # delay injected into the current step: its phases' waits
     phase_start: float = 0.0
@@ -93,8 +94,9 @@ class SimJob:
         """Seconds its completed steps take alone on its GPUs with every state resident."""
         if "sampler" not in self.workers:
             return 0.0
-        shape = (len(self.workers["sampler"]), len(self.workers["trainer"]), self.consolidate_tail)
-        return sum(solo_step_s(self.plans.step(self.spec, self.seed, self.index, self.costs, k, *shape))
+        rollout, train = len(self.workers["sampler"]), len(self.workers["trainer"])
+        return sum(solo_step_s(self.plans.step(self.spec, self.seed, self.index, self.costs, k, rollout, train,
+                                               self.tail_steps[k]))
                    for k in range(self.step))
 
     def gangs(self, phase: Phase) -> list[tuple[SimWorker, ...]]:
@@ -135,6 +137,7 @@ class Service:
     def _begin_step(self, job: SimJob) -> None:
         job.step_start = self.loop.now
         job.step_delay_s = 0.0
+        job.tail_steps.append(job.consolidate_tail)
         job.phases, job.phase_i = job.next_phases(), 0
         self._advance(job)
 
