@@ -78,6 +78,17 @@ def test_plexrl_charges_only_consumed_time(runs, mode):
     assert s["switch_overhead_share"] >= 0
 
 
+@pytest.mark.parametrize("mode", ["colocated"] + [m for m in MODES if m.startswith("plexrl")])
+def test_no_mode_beats_the_makespan_floor(runs, mode):
+    """`makespan_floor_s`: every job from its arrival at its colocated speed. A PlexRL job alone
+    on its GPUs runs the colocated job's phases; sharing and switching only add to them."""
+    base = runs["colocated"]
+    floor = max(r.arrival + sum(r.step_times) for r in base.records) - min(r.arrival for r in base.records)
+    s = summarize(runs[mode], base)
+    assert s["makespan_floor_s"] == pytest.approx(floor, rel=1e-12)
+    assert s["makespan_s"] >= floor * (1 - 1e-9)
+
+
 def test_same_seed_same_run_other_seed_other_run():
     a = simulate(workload(1), CLUSTER, ("colocated", "plexrl"))["results"]
     b = simulate(workload(1), CLUSTER, ("colocated", "plexrl"))["results"]

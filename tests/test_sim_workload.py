@@ -75,7 +75,8 @@ def test_cli_json_has_every_documented_field(tmp_path, capsys):
     for summary in doc["results"].values():
         for key in ("gpu_hours_per_step", "cost_reduction_vs_colocated", "slowdown_mean", "slowdown_p95",
                     "makespan_s", "queue_delay_p50_s", "queue_delay_p99_s", "utilization", "switch_overhead_share",
-                    "steps", "jct_mean_s", "cluster_gpu_hours_per_step", "capacity_vs_colocated", "within_slack"):
+                    "steps", "jct_mean_s", "cluster_gpu_hours_per_step", "capacity_vs_colocated", "within_slack",
+                    "makespan_floor_s"):
             assert key in summary
     for key in ("inflation_predicted_mean", "inflation_realised_mean", "inflation_mae", "inflation_mae_shared"):
         assert key in doc["results"]["plexrl"]

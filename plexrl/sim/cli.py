@@ -91,7 +91,7 @@ def show(doc: dict, console: Console) -> None:
     cols = [
         ("mode", None), ("GPU-h/step", "gpu_hours_per_step"), ("cost cut", "cost_reduction_vs_colocated"),
         ("slowdown mean", "slowdown_mean"), ("p95", "slowdown_p95"), ("in slack", "within_slack"),
-        ("makespan h", "makespan_s"), ("queue p50 h", "queue_delay_p50_s"), ("p99 h", "queue_delay_p99_s"),
+        ("makespan h", "makespan_s"), ("floor h", "makespan_floor_s"), ("queue p50 h", "queue_delay_p50_s"), ("p99 h", "queue_delay_p99_s"),
         ("util", "utilization"), ("switch share", "switch_overhead_share"),
     ]
     _table(table, cols, doc["results"])

@@ -39,6 +39,17 @@ def makespan_s(result: ModeResult) -> float:
     return (max(ends) if done else result.end_s) - first
 
 
+def makespan_floor_s(baseline: ModeResult) -> float | None:
+    """The makespan no schedule beats while no job runs faster than it does alone: every job
+    starting on arrival and running at its colocated speed (the baseline's own step times; a
+    colocated job runs alone on its GPUs), max over jobs of arrival + run, from the first
+    arrival. None when the baseline did not finish every job."""
+    if any(r.finished is None for r in baseline.records):
+        return None
+    first = min(r.arrival for r in baseline.records)
+    return max(r.arrival + sum(r.step_times) for r in baseline.records) - first
+
+
 def slowdowns(result: ModeResult, baseline: ModeResult) -> np.ndarray:
     base = {r.name: r.mean_step_s for r in baseline.records if r.step_times}
     return np.array([r.mean_step_s / base[r.name] for r in result.records if r.step_times and r.name in base])
@@ -91,6 +102,7 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
         "slowdown_mean": float(slow.mean() - 1) if len(slow) else float("nan"),
         "slowdown_p95": float(np.percentile(slow, 95) - 1) if len(slow) else float("nan"),
         "makespan_s": span,
+        "makespan_floor_s": makespan_floor_s(baseline),
         "queue_delay_p50_s": float(np.percentile(delays, 50)),
         "queue_delay_p99_s": float(np.percentile(delays, 99)),
         "utilization": result.busy_gpu_s / (result.cluster_gpus * result.end_s) if result.end_s > 0 else 0.0,

@@ -156,7 +156,8 @@ def over_seeds(workload: Workload, cluster: Cluster, seeds: int, modes: tuple[st
             "cost_reduction_mean": sum(cut) / seeds, "cost_reduction_min": min(cut),
             "slowdown_mean_mean": sum(slow) / seeds, "slowdown_mean_max": max(slow),
             "slowdown_p95_max": max(r["slowdown_p95"] for r in rows),
-            **_spread(rows, "steps", "capacity_vs_colocated", "jct_mean_s", "makespan_s", "queue_delay_p99_s",
+            **_spread(rows, "steps", "capacity_vs_colocated", "jct_mean_s", "makespan_s", "makespan_floor_s",
+                      "queue_delay_p99_s",
                       "within_slack", "inflation_mae", "inflation_mae_shared"),
         }
     return {"seeds": [workload.seed + k for k in range(seeds)], "modes": table, "runs": per_seed}
