@@ -41,6 +41,7 @@ from plexrl.sim.service import SimJob
 from plexrl.errors import ConfigError
 from plexrl.sim.workload import GB, Cluster
 
+
 class Tail(str, Enum):
     """When a job's rollouts consolidate their long tail."""
 
