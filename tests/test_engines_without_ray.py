@@ -41,6 +41,7 @@ print("ok")
     ({"checkpoint_every_steps": -2}, "checkpoint_every_steps=-2; expected 0"),
     ({"threads_per_device": True}, "threads_per_device=True; expected a positive integer"),
     ({"workdir": ""}, "workdir=''; expected a path"),
+    ({"pack_limit": -0.1}, r"pack_limit=-0.1; expected None \(each job's own slack\) or a fraction"),
     ({"device_memory": 5}, r"unknown cluster setting\(s\) \['device_memory'\]"),
 ])
 def test_one_config_names_the_bad_setting(settings, message):

@@ -96,6 +96,33 @@ def test_a_tenant_measured_under_its_prediction_makes_room():
     assert isinstance(placer.decide(third, 0.0), Placement)
 
 
+def test_a_pack_limit_caps_the_slack_a_shared_placement_is_judged_by():
+    """`pack_limit` (`PACKING_PAYS` for jobs that end): a job tolerating a doubled step is still
+    not placed where it would be slowed by more than the limit, nor where it would slow a
+    tenant by more; within the limit nothing changes, and a job alone is never refused."""
+    from plexrl.policy.placement import PACKING_PAYS
+
+    assert PACKING_PAYS == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="pack_limit must be >= 0"):
+        Placer(view(), 64, 1.0, pack_limit=-1.0)
+    free, capped = Placer(view(), 64, 1.0), Placer(view(), 64, 1.0, pack_limit=PACKING_PAYS)
+    for placer in (free, capped):
+        assert isinstance(placer.place(job("a", BUSY, 4, 1.0, slack=1.0), 0.0), Placement)  # alone: 0%
+    newcomer = job("b", BUSY, 4, 1.0, slack=1.0)  # 4 barriers x 1.0 s / 8 s = 50% each way
+    assert isinstance(free.decide(newcomer, 0.0), Placement)
+    decision = capped.decide(newcomer, 0.0)
+    assert isinstance(decision, Wait)
+    assert "slowed by 50%" in decision.reason and "its slack is 100%" in decision.reason and "33%" in decision.reason
+    light = job("c", BUSY, 4, 0.5, slack=1.0)  # slowed 4 x 1.0 / 8 = 50% by a; slows a by 25%
+    assert isinstance(capped.decide(light, 0.0), Wait)
+    small = job("d", BUSY, 1, 0.5, slack=1.0)  # slowed 1 x 1.0 / 8 = 12.5%, slows a by 4 x 0.5 / 8 = 25%
+    assert isinstance(capped.decide(small, 0.0), Placement)
+    tiny_tenant = Placer(view(), 64, 1.0, pack_limit=0.2)
+    tiny_tenant.place(job("a", BUSY, 4, 1.0, slack=1.0), 0.0)
+    decision = tiny_tenant.decide(small, 0.0)  # a would be at 25% > 20%: a's sake
+    assert isinstance(decision, Wait) and "would slow job 'a'" in decision.reason
+
+
 def test_observations_of_a_released_job_are_forgotten():
     placer = Placer(view(), horizon_slots=64, slot_s=1.0)
     placer.place(job("a", BUSY, 4, 0.1), 0.0)

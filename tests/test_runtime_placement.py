@@ -138,3 +138,11 @@ def test_the_placer_is_told_each_jobs_measured_inflation(tiny_model):
         measured = c.metrics()["placement"]["slow"]["measured_inflation"]
         assert measured is not None and measured >= 0.5, f"measured inflation {measured}; each step took >= 1.5 periods"
         assert placer._measured["slow"] == measured
+
+
+def test_the_pack_limit_reaches_the_placer():
+    """`ClusterConfig.pack_limit` (off by default: the runtime does not know when its jobs end)."""
+    with plexrl.LocalCluster(devices=1) as c:
+        assert c.control.target.placer.placer.pack_limit is None
+    with plexrl.LocalCluster(devices=1, pack_limit=0.25) as c:
+        assert c.control.target.placer.placer.pack_limit == 0.25

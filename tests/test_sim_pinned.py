@@ -11,7 +11,9 @@ loop (`Placer.observe`) change which jobs share GPUs and when they are admitted;
 last call), which changes the placer's predictions and so the PlexRL modes' placements.
 Then a job consolidates its rollouts' tails only while it shares its GPUs (`plexrl_mode.Tail`):
 every PlexRL mode but `plexrl-wholetail` changed, and `plexrl-alltail` (every job consolidates,
-as all of them did before) reproduces the previous `plexrl` figures exactly.
+as all of them did before) reproduces the previous `plexrl` figures exactly. `plexrl-paying`
+(placement capped at `PACKING_PAYS`) shares no GPU here: every job queues for its own, and its
+step times sum to colocated's.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ PINNED = {
     "plexrl-noshift": (236, 11333.790262786319, 45786.41626372551, 204.15260000000015, 45786.41626372549),
     "plexrl-wholetail": (226, 14991.854105921533, 47051.13295637257, 310.2984000000003, 47051.13295637253),
     "plexrl-alltail": (278, 11498.989024048049, 45543.17508823531, 173.24320000000023, 45543.1750882353),
+    "plexrl-paying": (226, 9181.825802587655, 46853.872956372565, 113.03840000000007, 46853.87295637255),
 }
 
 

@@ -49,6 +49,9 @@ class ClusterConfig:
     activation_reserve_bytes: int | None = None
     activation_probe_tokens: int | None = None
     prefetch: bool = True  # load the state a device will likely run next while its current function runs
+    # The largest slack the placer judges a job by when it shares devices (policy/placement.py,
+    # "Packing when it pays"; e.g. placement.PACKING_PAYS for jobs that finish). None: each job's own.
+    pack_limit: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "devices_per_node", "device_memory_bytes", "host_memory_bytes", "horizon_slots",
@@ -66,6 +69,9 @@ class ClusterConfig:
         _check("slot_s", self.slot_s, isinstance(self.slot_s, (int, float)) and self.slot_s > 0,
                "a positive number of seconds")
         _check("prefetch", self.prefetch, isinstance(self.prefetch, bool), "True or False")
+        _check("pack_limit", self.pack_limit, self.pack_limit is None or (
+            isinstance(self.pack_limit, (int, float)) and not isinstance(self.pack_limit, bool) and self.pack_limit >= 0),
+            "None (each job's own slack) or a fraction of a step >= 0, e.g. 0.33")
         _check("placement", self.placement, self.placement in PLACEMENTS, f"one of {list(PLACEMENTS)}")
         _check("torch_device", self.torch_device, self.torch_device in TORCH_DEVICES, f"one of {list(TORCH_DEVICES)}")
         _check("precision", self.precision, self.precision in PRECISIONS, f"one of {list(PRECISIONS)}")

@@ -60,9 +60,9 @@ class JobRecord:
 
 class JobPlacer:
     def __init__(self, view: ResourceView, horizon_slots: int, slot_s: float, first_fit: bool,
-                 profile_steps: int, drift_tolerance: float = 0.25):
+                 profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = None):
         placer_cls = FirstFit if first_fit else Placer
-        self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s)
+        self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s, pack_limit=pack_limit)
         self.queue = AdmissionQueue(self.placer)
         self.slot_s = slot_s
         self.profile_steps = profile_steps

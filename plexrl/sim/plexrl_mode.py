@@ -28,7 +28,7 @@ from functools import partial
 from typing import Callable
 
 from plexrl.policy.admission import AdmissionQueue, measured_inflation
-from plexrl.policy.placement import FirstFit, Placement, Placer
+from plexrl.policy.placement import PACKING_PAYS, FirstFit, Placement, Placer
 from plexrl.policy.profile import JobProfile
 from plexrl.policy.resources import ResourceView
 from plexrl.sim.group import Group
@@ -211,6 +211,14 @@ def no_shift(workload, cluster, policy) -> PlexRLMode:
     shift): what the phase shift alone is worth."""
     mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, max_shifts=1))
     mode.name = "plexrl-noshift"
+    return mode
+
+
+def paying(workload, cluster, policy) -> PlexRLMode:
+    """Placement judges no job by a slack above `PACKING_PAYS`: sharing only while it pays
+    (the simulator's jobs all finish; see the placement module's "Packing when it pays")."""
+    mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, pack_limit=PACKING_PAYS))
+    mode.name = "plexrl-paying"
     return mode
 
 
