@@ -555,7 +555,9 @@ def _state_bytes(config, trainable: bool, lora: LoraConfig | None = None, resolv
 
     from plexrl.runtime.lora import adapter_numel
 
-    with torch.device("meta"):
+    from plexrl.runtime.state import MODEL_BUILD
+
+    with MODEL_BUILD, torch.device("meta"):
         numel = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     if lora is None:
         if not trainable:

@@ -23,6 +23,7 @@ import math
 import torch
 
 from plexrl.api.types import LoraConfig
+from plexrl.runtime.state import MODEL_BUILD
 
 ADAPTER = "default"  # peft's adapter name: one adapter per state
 
@@ -48,11 +49,12 @@ def lora_module(base: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     # 1) a skeleton on the meta device (no memory), then every base tensor put in by reference
-    with torch.device("meta"):
-        twin = AutoModelForCausalLM.from_config(base.config, dtype=torch.float32)
-    share_tensors(twin, frozen(base))
-    # 2) peft's LoRA layers, their weights on meta (peft draws no random numbers this way)
-    peft.inject_adapter_in_model(peft_config(lora), twin, adapter_name=ADAPTER, low_cpu_mem_usage=True)
+    with MODEL_BUILD:
+        with torch.device("meta"):
+            twin = AutoModelForCausalLM.from_config(base.config, dtype=torch.float32)
+        share_tensors(twin, frozen(base))
+        # 2) peft's LoRA layers, their weights on meta (peft draws no random numbers this way)
+        peft.inject_adapter_in_model(peft_config(lora), twin, adapter_name=ADAPTER, low_cpu_mem_usage=True)
     # 3) the adapter's weights, from the config's seed alone
     init_adapter(twin, lora.seed, device=next(base.parameters()).device)
     twin.eval()
@@ -97,7 +99,7 @@ def adapter_numel(config, lora: LoraConfig) -> int:
     import peft
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
+    with MODEL_BUILD, torch.device("meta"):
         twin = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         peft.inject_adapter_in_model(peft_config(lora), twin, adapter_name=ADAPTER, low_cpu_mem_usage=True)
     return sum(p.numel() for name, p in twin.named_parameters() if "lora_" in name)

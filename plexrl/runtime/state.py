@@ -31,6 +31,12 @@ from plexrl.api.types import LoraConfig
 from plexrl.policy import Tier
 
 FLOAT_BYTES = 4
+# Held while transformers builds a model (from_pretrained, from_config) and peft adds adapters:
+# they patch torch globals for the duration (parameter initialisation and creation), so two
+# threads of one process building at once break each other's modules ("Parameter.__new__() got
+# an unexpected keyword argument '_is_hf_initialized'", seen with two tenants creating models on
+# one `plexrl serve`). Re-entrant: a build may call another.
+MODEL_BUILD = threading.RLock()
 
 
 @dataclass
@@ -177,7 +183,8 @@ def load_module(folder: str | Path) -> torch.nn.Module:
 
     hf_logging.disable_progress_bar()  # a runtime's logs are not a terminal
     try:
-        module = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        with MODEL_BUILD:
+            module = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     except Exception as exc:  # transformers raises many kinds; the user needs one clear message
         raise errors.ModelLoadError(
             f"could not load {str(folder)!r} as a causal LM with AutoModelForCausalLM: "
@@ -195,7 +202,7 @@ def skeleton_like(module: torch.nn.Module) -> torch.nn.Module:
     """
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
+    with MODEL_BUILD, torch.device("meta"):
         twin = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
     twin.to_empty(device="cpu")
     source_buffers = dict(module.named_buffers())
