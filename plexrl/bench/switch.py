@@ -29,6 +29,8 @@ import torch
 from plexrl.bench.common import emit, median
 from plexrl.runtime.config import ClusterConfig
 
+DEVICE_THREADS = ClusterConfig().threads_per_device  # a CPU device's copy threads: its reference copy's too
+
 import math
 
 LAYER_BYTES_PER_WIDTH2 = 4 * (4 + 3 * 2.75)  # a float32 Llama layer of width h (MLP 2.75 h) is ~49 h^2 bytes
@@ -102,7 +104,7 @@ def writeback_per_step(nbytes: int, steps: int, device: str, precision: str = "a
             "writeback_s_per_step": metrics["writeback_s"] / steps,
             "whole_state_writeback_bytes_per_step": whole,
             "whole_state_writeback_s_per_step": whole / (memcpy_gbps(state_bytes, 8, device, to_host=True,
-                                                                     threads=ClusterConfig().threads_per_device) * 1e9),
+                                                                     threads=DEVICE_THREADS) * 1e9),
             "trainer_state_bytes": state_bytes}
 
 
@@ -166,8 +168,7 @@ def main(argv: list[str]) -> int:
                "cuda": ["cuda"]}[args.device]
     for device in devices:
         switch, moved = switch_gbps(nbytes, args.repeats, device, args.precision)
-        # the same bytes, copied with the device worker's threads (ClusterConfig.threads_per_device)
-        reference = memcpy_gbps(moved, max(args.repeats, 8), device, threads=ClusterConfig().threads_per_device)
+        reference = memcpy_gbps(moved, max(args.repeats, 8), device, threads=DEVICE_THREADS)  # the same bytes
         figures = {"switch_gbps": switch, "memcpy_gbps": reference, "ratio": switch / reference,
                    "bytes_per_switch": moved}
         if device == "cpu":  # for scale: the same copy on every core of this machine
@@ -177,7 +178,7 @@ def main(argv: list[str]) -> int:
         prefix = "" if device == "cpu" else "cuda_"
         result.update({prefix + key: value for key, value in figures.items()})
     result["state_bytes"] = nbytes
-    result["threads"] = ClusterConfig().threads_per_device  # of a CPU device, and of its reference copy
+    result["threads"] = DEVICE_THREADS
     result["machine_threads"] = torch.get_num_threads()
     emit("switch: a state's load through the runtime vs copy_ between preallocated buffers; "
          "an RL loop's write-back vs the whole state's", result, args.json)

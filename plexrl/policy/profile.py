@@ -190,6 +190,12 @@ def _step_bounds(records: list[Mapping], job: str, last_steps: int | None) -> np
     return np.asarray(times)
 
 
+def held_s(transition: Mapping) -> float:
+    """Seconds a transition event held its device: a prefetched load (`hidden_s` set) only the
+    part its function did not hide. Every reader of the event log charges a transition so."""
+    return float(transition.get("seconds", 0.0)) - float(transition.get("hidden_s", 0.0))
+
+
 def _busy_intervals(records: list[Mapping], end_s: float) -> list[tuple[float, float, int]]:
     """(start, end, device) of every busy period; a request still running is busy until `end_s`."""
     started: dict[object, tuple[float, int]] = {}
@@ -203,8 +209,7 @@ def _busy_intervals(records: list[Mapping], end_s: float) -> list[tuple[float, f
             intervals.append((t0, float(e["t"]), dev))
         elif kind == "transition" and device is not None and e.get("kind") in _DEVICE_TRANSITIONS:
             t0 = float(e["t"])
-            held = float(e.get("seconds", 0.0)) - float(e.get("hidden_s", 0.0))  # a prefetch: what it did not hide
-            intervals.append((t0, t0 + held, int(device)))
+            intervals.append((t0, t0 + held_s(e), int(device)))
     intervals.extend((t0, max(t0, end_s), dev) for t0, dev in started.values())
     return intervals
 

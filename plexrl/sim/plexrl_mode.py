@@ -84,14 +84,12 @@ def replica_order(devices: tuple[int, ...], gpus_per_node: int, tp: int) -> list
 class PlexRLMode(Mode):
     name = "plexrl"
     charges_reserved = False
-    consolidates_tail = True
     exclusive_groups = False  # jobs share node groups: every call goes through the request policy
 
     def __init__(self, *args, placer: Callable[..., Placer] = Placer, tail: Tail = Tail.SHARED,
                  feedback: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.tail = Tail(tail)
-        self.consolidates_tail = self.tail is not Tail.NEVER  # the placer's profile: the job as it shares
         view = resource_view(self.cluster)
         self.empty_view = resource_view(self.cluster)
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
@@ -104,6 +102,11 @@ class PlexRLMode(Mode):
         self.profiles: dict[str, JobProfile] = {}
         if feedback:
             self.service.on_step = self._measure
+
+    @property
+    def consolidates_tail(self) -> bool:
+        """Whether jobs may consolidate: their profile for the placer is the job as it shares."""
+        return self.tail is not Tail.NEVER
 
     def run(self, plans: StepPlans | None = None, placements: PlacementMemo | None = None) -> ModeResult:
         if placements is not None:
@@ -129,8 +132,7 @@ class PlexRLMode(Mode):
         now = self.loop.now
         self.forecasts[job.name].close(now)
         admissions = self.admission.release(job.name, now)
-        self._forecast(tenants)
-        self._choose_tails(tenants)
+        self._cotenants_changed(tenants)
         for admission in admissions:
             self._launch(self.by_name[admission.job], admission.placement)
 
@@ -139,8 +141,7 @@ class PlexRLMode(Mode):
         for state in states_of(job.spec):
             self.attach(job, state, workers)
         self.forecasts[job.name] = Forecast(self.loop.now)
-        self._forecast(self._cotenants(job) | {job.name})
-        self._choose_tails(self._cotenants(job) | {job.name})
+        self._cotenants_changed(self._cotenants(job) | {job.name})
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
 
     def _measure(self, job: SimJob) -> None:
@@ -152,22 +153,20 @@ class PlexRLMode(Mode):
             self.measured[job.name] = inflation
             self.admission.placer.observe(job.name, inflation)
 
-    def _choose_tails(self, jobs: set[str]) -> None:
-        """Whether each of `jobs` consolidates its rollouts' tails from its next step on."""
-        for name in jobs:
-            job = self.by_name[name]
-            job.consolidate_tail = self.tail is Tail.ALWAYS or (self.tail is Tail.SHARED and bool(self._cotenants(job)))
-
     def _cotenants(self, job: SimJob) -> set[str]:
         return {r.job for w in job.workers["trainer"] for r in w.states.values()} - {job.name}
 
-    def _forecast(self, jobs: set[str]) -> None:
-        """Record what the placer now predicts for each of `jobs` (their co-tenants changed)."""
+    def _cotenants_changed(self, jobs: set[str]) -> None:
+        """For each of `jobs`, whose co-tenants changed: record what the placer now predicts for
+        it, and whether it consolidates its rollouts' tails from its next step on."""
         placer, now = self.admission.placer, self.loop.now
         for name in sorted(jobs):
+            job = self.by_name[name]
+            shared = bool(self._cotenants(job))
             forecast = self.forecasts[name]
             if forecast.closed is None:
-                forecast.update(now, placer.inflation_of(name), bool(self._cotenants(self.by_name[name])))
+                forecast.update(now, placer.inflation_of(name), shared)
+            job.consolidate_tail = self.tail is Tail.ALWAYS or (self.tail is Tail.SHARED and shared)
 
     def predicted(self, job: SimJob, end: float) -> tuple[float | None, bool]:
         forecast = self.forecasts.get(job.name)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plexrl.errors import ConfigError
+from plexrl.policy.profile import held_s
 
 DEVICE_SIDE = ("load", "offload")
 
@@ -285,5 +286,5 @@ def _totals(calls: tuple[TracedCall, ...], transitions: list[dict]) -> dict[str,
         exec_s[c.job] += c.device_s
     for t in transitions:
         if t["kind"] in DEVICE_SIDE and t.get("device") is not None:
-            switch_s[t["job"]] += t["seconds"] - t.get("hidden_s", 0.0)  # a prefetch: only what it did not hide
+            switch_s[t["job"]] += held_s(t)
     return {job: JobTotals(exec_s[job], switch_s[job]) for job in exec_s}
