@@ -315,7 +315,7 @@ class Node:
             died = remote.is_gone(exc) or isinstance(exc, NotResident)
             error = self._worker_died(device, request, dispatched, exc) if died else exc
         if prefetch is not None:  # before the call resolves: its caller's next call may want that state
-            self.sm.release(prefetch, self.telemetry.now())
+            self._release(prefetch)
             if self.sm.states[prefetch.state_id].tier is Tier.DEVICE:
                 self.group.prefetched(prefetch.state_id, device)
         self._finish(request, plan, device, result, error, timing)
@@ -335,6 +335,11 @@ class Node:
             error = exc
         self._finish(request, plan, None, result, error, {})
 
+    def _release(self, plan: LoadPlan) -> None:
+        """Free what `plan` claimed; a state retired meanwhile goes if nothing is queued for it."""
+        self.sm.release(plan, self.telemetry.now())
+        self.group.released(plan)
+
     def _finish(self, request: Request, plan: LoadPlan, device: int | None, result: Any,
                 error: BaseException | None, timing: dict) -> None:
         """Book the end, free the state and the queue head, then resolve: a caller that sees the
@@ -343,7 +348,7 @@ class Node:
             error = as_user_error(getattr(error, "cause", None) or error, request)
             self.telemetry.failed(request.job)
         self._emit(self.telemetry.now(), "end", request, device, ok=error is None, **timing)
-        self.sm.release(plan, self.telemetry.now())
+        self._release(plan)
         self.group.complete(request, error)
         if error is not None:
             request.future.set_exception(error)

@@ -120,6 +120,13 @@ class GroupScheduler:
             self._queue.retire(state_id, remove)
             self._drop_if_retired(state_id)
 
+    def released(self, plan: LoadPlan) -> None:
+        """`plan`'s states are free again (`StateManager.release`): one retired while it was busy
+        (a snapshot a sync superseded as it moved) goes now if nothing is queued for it."""
+        with self._cond:
+            for state_id in {plan.state_id, *(t.state_id for t in plan.transitions)}:
+                self._drop_if_retired(state_id)
+
     def _drop_if_retired(self, state_id: str) -> None:
         state = self.sm.states.get(state_id)
         if state is not None and not state.busy and self._queue.drained(state_id):
