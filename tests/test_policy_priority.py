@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plexrl.policy import Policy, ReadyQueue, choose, offload_estimate, priorities
+from plexrl.policy import Policy, ReadyQueue, StepClock, choose, offload_estimate, priorities
 
 
 def queue_of(rows):
@@ -158,3 +158,26 @@ def test_deadlines_move_with_their_requests_on_removal():
         q.add(key, 0.0, 1.0, 0.0, 0, seq, deadline=deadline)
     q.remove("a")  # "c" moves into a's slot
     assert {q.key_at(i): q.deadline[i] for i in range(len(q))} == {"b": 2.0, "c": 3.0}
+
+
+def test_a_step_clock_measures_the_period_from_its_boundaries_less_the_delay():
+    clock = StepClock(0.5)
+    assert clock.deadline(3.0) == np.inf  # no step seen yet: no deadline
+    clock.begin(0.0)
+    clock.delayed(2.0)
+    assert clock.deadline(3.0) == np.inf
+    clock.begin(10.0)  # a 10 s step that waited 2 s: 8 s alone
+    assert clock.period_s == 8.0 and clock.delay_s == 0.0
+    assert clock.deadline(12.0) == 12.0 + 0.5 * 8.0
+    clock.delayed(1.5)  # what the step waited comes off its budget
+    assert clock.deadline(12.0) == 12.0 + 4.0 - 1.5
+
+
+def test_a_step_clock_with_a_given_period_keeps_it():
+    clock = StepClock(0.1, period_s=100.0)
+    clock.begin(0.0)
+    clock.delayed(4.0)
+    assert clock.deadline(1.0) == 1.0 + 10.0 - 4.0
+    clock.begin(500.0)
+    assert clock.period_s == 100.0 and clock.deadline(501.0) == 511.0
+    assert StepClock.none().deadline(0.0) == np.inf

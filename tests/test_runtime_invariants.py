@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 
 import pytest
@@ -261,3 +262,36 @@ def test_a_snapshot_superseded_while_it_moves_is_removed_once_it_stops(micro_mod
         trained.result(timeout=60)
         assert old not in c.residency()
         assert new.state_id in c.residency()
+
+
+@pytest.mark.parametrize("policy, first", [("plexrl", "job-a"), ("hrrn", "job-b")])
+def test_a_job_past_its_slack_in_a_step_goes_first(micro_model, policy, first):
+    """The scheduler counts a job's waits in a step against its slack (DESIGN §5): job A's step
+    marks came back to back, so its step alone is ~0 s and any wait overruns its slack; its call
+    goes before job B's older one under `plexrl`. `hrrn` has no slack term: B waited longer."""
+    with plexrl.LocalCluster(devices=1, policy=policy, prefetch=False) as c:
+        service_a = c.service_client("job-a")
+        a = service_a.create_training_client(base_model=micro_model, seed=0)
+        b = c.service_client("job-b").create_training_client(base_model=micro_model, seed=1)
+        for t in (a, b):  # both resident-or-not alike: each has run once
+            t.forward_backward([datum([5, 6, 7, 8])]).result(timeout=60)
+        service_a.report_step(0)
+        service_a.report_step(1)
+        group = c.nodes[0].target.group
+        with group._cond:
+            group.hold([0])
+        calls = [b.forward_backward([datum([5, 6, 7, 8])])]
+        t0 = time.monotonic()
+        while len(group._queue.ready) < 1 and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        time.sleep(0.05)  # B's call is older
+        calls.append(a.forward_backward([datum([5, 6, 7, 8])]))
+        while len(group._queue.ready) < 2 and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        assert len(group._queue.ready) == 2
+        with group._cond:
+            group.hold([0], held=False)
+        for f in calls:
+            f.result(timeout=60)
+        order = [e["job"] for e in c.events() if e["event"] == "dispatch" and e["fn"] == "forward_backward"]
+        assert order[-2] == first

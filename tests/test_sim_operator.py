@@ -70,7 +70,7 @@ def test_the_delay_injected_into_a_step_is_its_time_beyond_solo():
     measure = mode.service.on_step
 
     def on_step(job):
-        delays[job.name] = delays.get(job.name, 0.0) + job.step_delay_s
+        delays[job.name] = delays.get(job.name, 0.0) + job.clock.delay_s
         measure(job)
 
     mode.service.on_step = on_step

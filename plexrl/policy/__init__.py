@@ -10,7 +10,7 @@ from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
 from plexrl.policy.group_queue import GroupQueue, Head
 from plexrl.policy.horizon import Horizon
 from plexrl.policy.placement import FirstFit, Placement, Placer, Wait, step_inflation
-from plexrl.policy.priority import Policy, ReadyQueue, choose, offload_estimate, priorities
+from plexrl.policy.priority import Policy, ReadyQueue, StepClock, choose, offload_estimate, priorities
 from plexrl.policy.profile import (
     JobProfile,
     ModelMemory,
@@ -27,7 +27,7 @@ from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier,
 __all__ = [
     "MEASURED_STEPS", "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit",
     "GroupQueue", "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
-    "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "Tier", "Transition",
+    "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "StepClock", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
     "measured_inflation", "offload_estimate", "plan_host_room", "plan_load", "plan_prefetch", "priorities",
     "profile_from_events", "resample", "step_inflation",

@@ -30,6 +30,8 @@ from collections import deque
 from enum import Enum
 from typing import Callable, Generic, TypeVar
 
+import numpy as np
+
 from plexrl.policy.priority import ReadyQueue
 
 T = TypeVar("T")
@@ -78,10 +80,11 @@ class GroupQueue(Generic[T]):
         return item
 
     def make_ready(self, state_id: str, arrival: float, est: float, load_s: float, resident_on: int, seq: int,
-                   nbytes: int = 0) -> None:
-        """PENDING -> READY: the head becomes a candidate for `choose` with these figures."""
+                   nbytes: int = 0, deadline: float = np.inf) -> None:
+        """PENDING -> READY: the head becomes a candidate for `choose` with these figures
+        (`deadline`: when its job's slack for the step runs out, `StepClock.deadline`)."""
         self._move(state_id, Head.PENDING, Head.READY)
-        self.ready.add(state_id, arrival, est, load_s, resident_on, seq, nbytes)
+        self.ready.add(state_id, arrival, est, load_s, resident_on, seq, nbytes, deadline)
 
     def start(self, state_id: str) -> T:
         """PENDING -> RUNNING without a device (the caller runs it now); returns the head."""

@@ -9,7 +9,8 @@ arrival. Ties go to the earlier submission. Non-preemptive at function granulari
 
 Slack (paper, Fig. 8 text; `plexrl` only): a request may carry the time its job's slack for
 the current step runs out (`ReadyQueue.add(..., deadline=...)`: its arrival plus the step's
-slack in seconds less the delay already injected into the step). A request that cannot
+slack in seconds less the delay already injected into the step: `StepClock`, kept per job by
+the simulator and by the runtime's group scheduler from the job's step marks). A request that cannot
 wait another service time without overrunning it, `deadline - t <= S_i`, goes before every
 request that can; among such requests the priority above decides. Without deadlines (inf,
 the default) nothing changes.
@@ -48,6 +49,44 @@ class Policy(str, Enum):
 
 _MIN_SERVICE_S = 1e-6  # keeps P finite for zero-cost estimates
 _URGENT = 1e12  # added to the priority of a request about to overrun its job's slack
+
+
+class StepClock:
+    """One job's slack in its current step, what the slack term of `plexrl` ranks by (DESIGN §5:
+    "the scheduler tracks each job's injected delay against its slack"). A request of the job
+    that becomes ready at `t` must start by `deadline(t)` = t + slack * period - delay, where
+    `delay` is what the step's earlier calls waited; the step's budget resets at each step
+    boundary (`begin`). `period_s` is the job's step time alone: given (the simulator: the
+    profile's period) or measured at each boundary as the step's duration less its delay (the
+    runtime); unknown (inf) until then, and so no deadline. Time is passed in."""
+
+    __slots__ = ("slack", "period_s", "measured", "started_s", "delay_s")
+
+    def __init__(self, slack: float, period_s: float | None = None):
+        self.slack = slack
+        self.measured = period_s is None  # the period comes from the job's own step boundaries
+        self.period_s = np.inf if period_s is None else period_s
+        self.started_s: float | None = None
+        self.delay_s = 0.0
+
+    @classmethod
+    def none(cls) -> "StepClock":
+        """A job without slack tracking: no deadline ever (the baselines' jobs)."""
+        return cls(0.0, np.inf)
+
+    def begin(self, now: float) -> None:
+        """A step starts at `now`; a measured clock learns the period from the step that ended."""
+        if self.measured and self.started_s is not None:
+            self.period_s = max(now - self.started_s - self.delay_s, 0.0)
+        self.started_s, self.delay_s = now, 0.0
+
+    def delayed(self, seconds: float) -> None:
+        """The step's calls waited `seconds` more (queueing behind other jobs, switches)."""
+        self.delay_s += seconds
+
+    def deadline(self, ready_s: float) -> float:
+        """When a request that became ready at `ready_s` overruns the step's slack."""
+        return ready_s + self.slack * self.period_s - self.delay_s if self.period_s < np.inf else np.inf
 
 
 class ReadyQueue:

@@ -164,12 +164,13 @@ class Control:
         """A save_state completed: the model's latest checkpoint, at the job's last step mark."""
         self.checkpoints[state_id] = Checkpoint(path, with_optimizer, self.telemetry.now(), self.steps.get(job))
 
-    def step(self, job: str, step: int, fields: dict) -> bool:
-        """A job's step mark (profiles are measured from these events); whether the placer wants
-        the job's events at this boundary (its profile is due)."""
+    def step(self, job: str, step: int, fields: dict) -> tuple[bool, int | None, float | None]:
+        """A job's step mark (profiles are measured from these events): (whether the placer wants
+        the job's events at this boundary (its profile is due), the job's node group and its
+        slack, for the group's scheduler; None when it is not placed)."""
         self.steps[job] = step
         self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
-        return self.placer.profile_due(job)
+        return self.placer.profile_due(job), self.router.placement(job), self.placer.slack_of(job)
 
     def _handles_of(self, job: str) -> list:
         with self._lock:

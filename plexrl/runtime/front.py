@@ -371,9 +371,20 @@ class Front(NodeRecovery):
     def report_step(self, job: str, step: int, **fields) -> None:
         """A job's step boundary: logged, a checkpoint every `checkpoint_every_steps` steps
         (recovery.py), and the placer's look at its measured profile (`_replace`)."""
-        profile_due = self._ask("step", job, step, fields)
+        profile_due, group, slack = self._ask("step", job, step, fields)
+        if group is not None and slack is not None:
+            self._mark_on_node(group, job, slack)
         self._step_mark(job, step)
         self._replace(job, profile_due)
+
+    def _mark_on_node(self, group: int, job: str, slack: float) -> None:
+        """The job's group scheduler starts counting its next step's waits against `slack`; a
+        node found gone is left to recovery (its next call finds it)."""
+        try:
+            remote.get(self.nodes[group].step_mark.remote(job, slack))
+        except Exception as exc:
+            if not remote.is_gone(exc):
+                raise
 
     def _replace(self, job: str, profile_due: bool) -> None:
         """Re-placement from the job's measured profile (every `profile_steps` steps): when the

@@ -137,6 +137,12 @@ class JobPlacer:
             self._cond.notify_all()
 
     # -- online profiling -----------------------------------------------------------------------------
+    def slack_of(self, job: str) -> float | None:
+        """The job's own slack (None: not known here)."""
+        with self._cond:
+            record = self.jobs.get(job)
+            return None if record is None else record.slack
+
     def profile_due(self, job: str) -> bool:
         """Whether the job's next `on_step` measures its profile (and so reads the events)."""
         with self._cond:

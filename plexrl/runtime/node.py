@@ -235,6 +235,12 @@ class Node:
                 while self.sm.states[sid].busy or self.group.pending(sid):
                     self.changed.wait(0.01)
                 self._remove(sid)
+        if states is None:
+            self.group.forget_job(job)
+
+    def step_mark(self, job: str, slack: float) -> None:
+        """`job` ended a step: the scheduler's slack term counts its next step's waits afresh."""
+        self.group.step_mark(job, slack, self.telemetry.now())
 
     def _drop_copies(self, state_id: str) -> None:
         for worker in self.workers.values():

@@ -8,6 +8,10 @@ on the node's I/O threads as soon as they reach the head of their FIFO, through 
 
 The scheduler and the node's StateManager share one lock (`cond`, made by the node).
 
+Slack: each job's step marks reach the scheduler (`step_mark`, through the node); it tracks
+what the job's calls wait in each step against the job's slack (`policy.StepClock`) and gives
+each ready head the deadline the `plexrl` policy's slack term ranks by.
+
 Invariants: at most one request per model state is in flight; every submitted request is
 completed or failed exactly once, also when the cluster closes (its future gets ClusterClosed).
 """
@@ -21,7 +25,7 @@ from typing import Any, Callable
 
 from plexrl.api import errors
 from plexrl.api.futures import APIFuture
-from plexrl.policy import GroupQueue, LoadPlan, NoFit, Policy, Tier, TransitionKind, choose, offload_estimate
+from plexrl.policy import GroupQueue, LoadPlan, NoFit, Policy, StepClock, Tier, TransitionKind, choose, offload_estimate
 from plexrl.runtime.functions import FUNCTIONS, Function
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
@@ -77,8 +81,25 @@ class GroupScheduler:
         self._idle: set[int] = set()  # devices whose dispatcher waits in next_for (affinity, see policy.choose)
         self._held: set[int] = set()  # devices given nothing to run while the node resizes their arenas
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix=f"plexrl-io-g{group}")
+        self._slack: dict[str, _JobSlack] = {}  # job -> its calls here and its slack in the current step
         self._closed = False
         self._prefetch = prefetch
+
+    def step_mark(self, job: str, slack: float, now: float) -> None:
+        """`job`'s step boundary: its next step's calls may wait `slack` x its step time alone
+        before they go first (the slack term of the `plexrl` policy, `StepClock`)."""
+        with self._cond:
+            self._job(job).mark(slack, now)
+
+    def forget_job(self, job: str) -> None:
+        with self._cond:
+            self._slack.pop(job, None)
+
+    def _job(self, job: str) -> _JobSlack:
+        tracked = self._slack.get(job)
+        if tracked is None:
+            tracked = self._slack[job] = _JobSlack()
+        return tracked
 
     def pending(self, state_id: str) -> int:
         return self._queue.pending(state_id)
@@ -105,6 +126,7 @@ class GroupScheduler:
         queued behind it fail too (retriably): they were submitted expecting it to succeed."""
         with self._cond:
             assert self._queue.head(request.state_id) is request, "completed a request that was not its model's head"
+            self._job(request.job).move(request.id, self.telemetry.now(), None)
             following = self._queue.complete(request.state_id)
             while following is not None and failure is not None and failure.retriable:
                 self._fail(following, _behind(failure, following), self._queue.fail)
@@ -142,6 +164,8 @@ class GroupScheduler:
             self._io.submit(self._serve_io, request)
             return
         state = self.sm.states[request.state_id]
+        now, tracked = self.telemetry.now(), self._job(request.job)
+        tracked.move(request.id, now, READY)
         self._queue.make_ready(
             request.state_id,
             arrival=request.arrival_s,
@@ -150,6 +174,7 @@ class GroupScheduler:
             resident_on=state.device if state.tier is Tier.DEVICE else -1,
             seq=request.seq,
             nbytes=state.device_bytes,
+            deadline=tracked.clock.deadline(now),
         )
 
     # -- dispatch ---------------------------------------------------------------------------------
@@ -204,6 +229,7 @@ class GroupScheduler:
                     self._queue.park(state_id)
                 continue
             request = self._queue.dispatch(state_id)
+            self._job(request.job).move(request.id, self.telemetry.now(), RUNNING)
             for t in plan.transitions:  # keep the candidates' residency right for the states this plan moves
                 if t.state_id in ready:
                     ready.set_resident(t.state_id, -1)
@@ -246,6 +272,7 @@ class GroupScheduler:
     def _fail(self, request: Request, exc: BaseException, leave: Callable[[str], object]) -> None:
         """Fail a request that never ran: logged as an end, out of the queue (`leave`), future resolved."""
         self.telemetry.failed(request.job)
+        self._job(request.job).move(request.id, self.telemetry.now(), None)
         self.telemetry.events.emit(
             self.telemetry.now(), "end", request_id=request.id, job=request.job, model=request.state_id,
             fn=request.fn, device=None, ok=False, error=type(exc).__name__,
@@ -293,6 +320,46 @@ class GroupScheduler:
                     request.future.set_exception(errors.ClusterClosed("the cluster closed before this call ran"))
             self._cond.notify_all()
         self._io.shutdown(wait=True)
+
+
+READY, RUNNING = "ready", "running"
+
+
+class _JobSlack:
+    """One job's device calls on this group and its `StepClock`. The time the job has calls
+    ready and none running here is delay the scheduler injected into its step (calls that wait
+    side by side count once, as one phase's wait does in the simulator); a step mark charges
+    what is pending to the step that ended and starts the next."""
+
+    __slots__ = ("clock", "ready", "running", "since")
+
+    def __init__(self) -> None:
+        self.clock = StepClock(0.0)  # its slack arrives with its first step mark
+        self.ready: set[int] = set()
+        self.running: set[int] = set()
+        self.since = 0.0  # when it last became blocked
+
+    def _blocked(self) -> bool:
+        return bool(self.ready) and not self.running
+
+    def move(self, request_id: int, now: float, to: str | None) -> None:
+        """Request `request_id` is now ready, running, or gone (None)."""
+        was = self._blocked()
+        self.ready.discard(request_id)
+        self.running.discard(request_id)
+        if to is not None:
+            (self.ready if to == READY else self.running).add(request_id)
+        if was and not self._blocked():
+            self.clock.delayed(now - self.since)
+        elif self._blocked() and not was:
+            self.since = now
+
+    def mark(self, slack: float, now: float) -> None:
+        if self._blocked():
+            self.clock.delayed(now - self.since)
+            self.since = now
+        self.clock.slack = slack
+        self.clock.begin(now)
 
 
 def _behind(failure: BaseException, request: Request) -> BaseException:

@@ -27,6 +27,7 @@ from enum import Enum
 from functools import partial
 from typing import Callable
 
+from plexrl.policy import StepClock
 from plexrl.policy.admission import AdmissionQueue, measured_inflation
 from plexrl.policy.placement import PACKING_PAYS, FirstFit, Placement, Placer
 from plexrl.policy.profile import JobProfile
@@ -120,7 +121,7 @@ class PlexRLMode(Mode):
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
         self.profiles[job.name] = profile
-        job.slack_s = job.spec.slack * profile.period_s
+        job.clock = StepClock(job.spec.slack, profile.period_s)
         decision = self.admission.submit(profile, self.loop.now)
         if isinstance(decision, Placement):
             self._launch(job, decision)

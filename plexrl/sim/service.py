@@ -33,7 +33,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
-from plexrl.policy import ExecEstimator, Ledger, Policy
+from plexrl.policy import ExecEstimator, Ledger, Policy, StepClock
 from plexrl.policy.types import Tier
 
 from plexrl.sim.engine import EventLoop
@@ -66,8 +66,7 @@ class SimJob:
     served: int = 0
     consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas (its next steps)
     tail_steps: list[bool] = field(default_factory=list)  # `consolidate_tail` as each step began
-    slack_s: float = float("inf")  # delay a step may take on: slack x its profile's period (PlexRL)
-    step_delay_s: float = 0.0  # delay injected into the current step: its phases' waits
+    clock: StepClock = field(default_factory=StepClock.none)  # its slack in the step (PlexRL: slack x profile period)
     phase_start: float = 0.0
     plans: StepPlans = field(default_factory=StepPlans)  # shared with other modes of the workload: planned once
     _units: dict[tuple[str, int], list[tuple[SimWorker, ...]]] = field(default_factory=dict)
@@ -136,7 +135,7 @@ class Service:
 
     def _begin_step(self, job: SimJob) -> None:
         job.step_start = self.loop.now
-        job.step_delay_s = 0.0
+        job.clock.begin(self.loop.now)
         job.tail_steps.append(job.consolidate_tail)
         job.phases, job.phase_i = job.next_phases(), 0
         self._advance(job)
@@ -199,7 +198,7 @@ class Service:
                     ends.append((end, first + i, done, (job, sid, fn, exec_s, gang, ewmas)))
                     continue
             req = Request(job, sid, fn, exec_s, now, gang)
-            group.add(self._seq, req, est_s, now + job.slack_s - job.step_delay_s)
+            group.add(self._seq, req, est_s, job.clock.deadline(now))
             self._seq += 1
             queued[group.gid] = group
         loop.at_all_reserved(ends)
@@ -297,7 +296,7 @@ class Service:
         job.served += 1
         job.outstanding -= 1
         if job.outstanding == 0:
-            job.step_delay_s += self.loop.now - job.phase_start - max(job.phases[job.phase_i - 1].shard_s)
+            job.clock.delayed(self.loop.now - job.phase_start - max(job.phases[job.phase_i - 1].shard_s))
             self._advance(job)
         if group.waiting:  # `select` starts nothing from an empty queue
             self._dispatch(group)
