@@ -82,6 +82,19 @@ def test_exclusive_baseline_is_built_from_the_dedicated_runs(demo):
 
 
 @pytest.mark.slow
+def test_job_completion_times_are_reported_for_both_schedules(demo):
+    summary, _ = demo
+    names = [job["name"] for job in summary["jobs"]]
+    assert summary["jct_exclusive_s"] == {row["name"]: row["end_s"] for row in summary["exclusive_schedule"]}
+    assert sorted(summary["jct_mux_s"]) == sorted(names)
+    assert all(0 < jct <= summary["makespan_mux_s"] for jct in summary["jct_mux_s"].values())
+    assert max(summary["jct_mux_s"].values()) == pytest.approx(summary["makespan_mux_s"], abs=0.5)
+    assert summary["jct_mean_exclusive_s"] == pytest.approx(sum(summary["jct_exclusive_s"].values()) / len(names))
+    assert summary["jct_mean_mux_vs_exclusive"] == pytest.approx(
+        summary["jct_mean_mux_s"] / summary["jct_mean_exclusive_s"])
+
+
+@pytest.mark.slow
 def test_more_jobs_than_devices(tmp_path):
     summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4")
     assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]

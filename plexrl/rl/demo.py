@@ -15,7 +15,9 @@
    threads of one interpreter would take turns on its lock (`--engine local` shows that);
 4) compare: reward curves (must be identical: every sample has an explicit seed), device-seconds
    consumed vs reserved, makespan multiplexed vs exclusive on the same devices (and vs one after
-   another on one device), device-seconds held by each; write plots, the event log and
+   another on one device), each job's completion time (every job arrives at the start, so
+   queueing for a device is part of it) and their mean under both schedules, device-seconds
+   held by each; write plots, the event log and
    summary.json into --out (the dedicated runs' event log as events-dedicated.jsonl).
 
 Device idle time inside a job is real: tool calls wait on the sandbox service (a latency, as a
@@ -146,14 +148,18 @@ def run_multiplexed(specs, models, args, budget, progress, out: Path):
                               torch_device=args.device, precision=args.precision) as cluster:
         warm_up(cluster, models.values())
         started, cpu_started = time.perf_counter(), time.process_time()
+        finished: dict[str, float] = {}  # job -> seconds from the batch's start to its end (its JCT)
         with ThreadPoolExecutor(len(specs), thread_name_prefix="controller") as pool:
             futures = {s.name: pool.submit(run_job, cluster, s, models[s.name], on_step=progress.step) for s in specs}
+            for name, future in futures.items():
+                future.add_done_callback(lambda _, name=name: finished.setdefault(name, time.perf_counter() - started))
             while not all(f.done() for f in futures.values()):
                 progress.refresh(cluster.metrics(), time.perf_counter() - started)
                 time.sleep(0.25)
             results = {name: f.result() for name, f in futures.items()}
         metrics = cluster.metrics()
         metrics["makespan_s"] = time.perf_counter() - started
+        metrics["jct_s"] = {s.name: finished[s.name] for s in specs}
         metrics["host_cpu_s"] = time.process_time() - cpu_started
         cluster.write_events(out / "events.jsonl")
         return results, metrics, cluster.events()
@@ -181,6 +187,9 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
     # The same, had the jobs arrived longest first (durations known in advance): a stronger baseline.
     longest_first = sorted(((s.name, dedicated[s.name][0].wall_s) for s in specs), key=lambda job: -job[1])
     makespan_longest_first = max(row["end_s"] for row in exclusive_schedule(longest_first, MUX_DEVICES))
+    # Job completion time (every job arrives at the start): queueing for a device plus its run.
+    jct_exclusive = {row["name"]: row["end_s"] for row in exclusive}
+    jct_mux = metrics["jct_s"]
     return {
         "jobs": jobs,
         "cost_reduction": 1.0 - consumed / reserved,
@@ -191,6 +200,11 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
         "makespan_exclusive_longest_first_s": makespan_longest_first,
         "makespan_sequential_s": sum(result.wall_s for result, _ in dedicated.values()),  # one device
         "exclusive_schedule": exclusive,
+        "jct_mux_s": jct_mux,
+        "jct_exclusive_s": jct_exclusive,
+        "jct_mean_mux_s": mean(jct_mux.values()),
+        "jct_mean_exclusive_s": mean(jct_exclusive.values()),
+        "jct_mean_mux_vs_exclusive": mean(jct_mux.values()) / mean(jct_exclusive.values()),
         "devices": MUX_DEVICES,
         # Device-seconds held: multiplexed, both devices for the whole makespan; exclusive, either
         # the devices for its makespan (a cluster reserved for the batch) or only each job's own
@@ -337,6 +351,8 @@ class Progress:
             f"{summary['makespan_mux_s']:.1f} s multiplexed vs {summary['makespan_exclusive_s']:.1f} s exclusive "
             f"(each job holding one device, arrival order) = {summary['makespan_mux_vs_exclusive']:.2f}x; "
             f"{summary['makespan_sequential_s']:.1f} s one after another on one device\n"
+            f"mean job completion time (queueing + run): {summary['jct_mean_mux_s']:.1f} s multiplexed vs "
+            f"{summary['jct_mean_exclusive_s']:.1f} s exclusive = {summary['jct_mean_mux_vs_exclusive']:.2f}x\n"
             f"device-s held: {summary['device_s_held_mux']:.1f} multiplexed ({MUX_DEVICES} x makespan) vs "
             f"{summary['device_s_held_exclusive']:.1f} exclusive ({MUX_DEVICES} x makespan) or "
             f"{summary['device_s_held_exclusive_jobs']:.1f} (each job's device for its run only)\n"
