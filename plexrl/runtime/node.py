@@ -235,8 +235,8 @@ class Node:
                 while self.sm.states[sid].busy or self.group.pending(sid):
                     self.changed.wait(0.01)
                 self._remove(sid)
-        if states is None:
-            self.group.forget_job(job)
+        if not any(s.job == job for s in list(self.sm.states.values())):
+            self.group.forget_job(job)  # its last state here is gone
 
     def step_mark(self, job: str, slack: float) -> None:
         """`job` ended a step: the scheduler's slack term counts its next step's waits afresh."""

@@ -126,7 +126,7 @@ class GroupScheduler:
         queued behind it fail too (retriably): they were submitted expecting it to succeed."""
         with self._cond:
             assert self._queue.head(request.state_id) is request, "completed a request that was not its model's head"
-            self._job(request.job).move(request.id, self.telemetry.now(), None)
+            self._job(request.job).move(request, self.telemetry.now(), None)
             following = self._queue.complete(request.state_id)
             while following is not None and failure is not None and failure.retriable:
                 self._fail(following, _behind(failure, following), self._queue.fail)
@@ -165,7 +165,7 @@ class GroupScheduler:
             return
         state = self.sm.states[request.state_id]
         now, tracked = self.telemetry.now(), self._job(request.job)
-        tracked.move(request.id, now, READY)
+        tracked.move(request, now, READY)
         self._queue.make_ready(
             request.state_id,
             arrival=request.arrival_s,
@@ -229,7 +229,7 @@ class GroupScheduler:
                     self._queue.park(state_id)
                 continue
             request = self._queue.dispatch(state_id)
-            self._job(request.job).move(request.id, self.telemetry.now(), RUNNING)
+            self._job(request.job).move(request, self.telemetry.now(), RUNNING)
             for t in plan.transitions:  # keep the candidates' residency right for the states this plan moves
                 if t.state_id in ready:
                     ready.set_resident(t.state_id, -1)
@@ -272,7 +272,7 @@ class GroupScheduler:
     def _fail(self, request: Request, exc: BaseException, leave: Callable[[str], object]) -> None:
         """Fail a request that never ran: logged as an end, out of the queue (`leave`), future resolved."""
         self.telemetry.failed(request.job)
-        self._job(request.job).move(request.id, self.telemetry.now(), None)
+        self._job(request.job).move(request, self.telemetry.now(), None)
         self.telemetry.events.emit(
             self.telemetry.now(), "end", request_id=request.id, job=request.job, model=request.state_id,
             fn=request.fn, device=None, ok=False, error=type(exc).__name__,
@@ -342,13 +342,13 @@ class _JobSlack:
     def _blocked(self) -> bool:
         return bool(self.ready) and not self.running
 
-    def move(self, request_id: int, now: float, to: str | None) -> None:
-        """Request `request_id` is now ready, running, or gone (None)."""
-        was = self._blocked()
-        self.ready.discard(request_id)
-        self.running.discard(request_id)
+    def move(self, request: Request, now: float, to: str | None) -> None:
+        """`request` is now ready, running, or gone (None)."""
+        was, key = self._blocked(), id(request)  # the object: ids from several fronts may repeat
+        self.ready.discard(key)
+        self.running.discard(key)
         if to is not None:
-            (self.ready if to == READY else self.running).add(request_id)
+            (self.ready if to == READY else self.running).add(key)
         if was and not self._blocked():
             self.clock.delayed(now - self.since)
         elif self._blocked() and not was:
