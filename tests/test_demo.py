@@ -95,6 +95,17 @@ def test_job_completion_times_are_reported_for_both_schedules(demo):
 
 
 @pytest.mark.slow
+def test_each_jobs_slowdown_is_judged_by_its_slack(demo):
+    summary, _ = demo
+    for job in summary["jobs"]:
+        assert job["slack"] == 0.10  # the JobSpec default: the demo's jobs declare none
+        assert job["slowdown"] == pytest.approx(job["step_s_mux"] / job["step_s_dedicated"] - 1)
+        assert job["within_slack"] == (job["slowdown"] <= job["slack"])
+    assert summary["within_slack"] == pytest.approx(
+        sum(job["within_slack"] for job in summary["jobs"]) / len(summary["jobs"]))
+
+
+@pytest.mark.slow
 def test_more_jobs_than_devices(tmp_path):
     summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4")
     assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]

@@ -124,3 +124,13 @@ def test_distill_without_teacher_is_refused(model, cluster):
     spec = JobSpec(name="j", algorithm="distill", task="addition", steps=1)
     with pytest.raises(ValueError, match="needs a teacher"):
         run_job(cluster, spec, model)
+
+
+def test_a_jobs_declared_slack_is_the_one_the_cluster_holds_it_to(model):
+    spec = JobSpec(name="slow-ok", algorithm="grpo", task="addition", steps=1, problems_per_step=2, group_size=2,
+                   max_tokens=4, slack=0.5)
+    with LocalCluster(devices=1) as cluster:
+        run_job(cluster, spec, model)
+        assert cluster.metrics()["placement"]["slow-ok"]["slack"] == 0.5
+    with pytest.raises(ValueError, match="slack"):
+        JobSpec(name="j", algorithm="grpo", task="addition", steps=1, slack=-0.1)

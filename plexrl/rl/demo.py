@@ -194,6 +194,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
         "jobs": jobs,
         "cost_reduction": 1.0 - consumed / reserved,
         "identical_rewards": all(j["identical_rewards"] for j in jobs),
+        "within_slack": mean([1.0 if j["within_slack"] else 0.0 for j in jobs]),  # share of jobs within their SLO
         "makespan_mux_s": metrics["makespan_s"],
         "makespan_exclusive_s": makespan_exclusive,
         "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
@@ -247,12 +248,20 @@ def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: J
         "identical_rewards": mux.rewards == dedicated.rewards,
         "rewards_mux": mux.rewards, "rewards_dedicated": dedicated.rewards,
         "step_s_mux": mean(mux.step_s), "step_s_dedicated": mean(dedicated.step_s),
+        # its SLO: the mean step multiplexed against alone, minus 1, and whether that stays within its slack
+        "slack": spec.slack, "slowdown": slowdown(mux.step_s, dedicated.step_s),
+        "within_slack": slowdown(mux.step_s, dedicated.step_s) <= spec.slack,
         "consumed_device_s": usage.get("consumed_device_s", 0.0),
         "switch_s": usage.get("switch_s", 0.0),
         "queue_wait_s": usage.get("queue_wait_s", 0.0),
         "reserved_device_s": dedicated.wall_s * 1,  # one device, held for the job's whole run
         "dedicated_busy_s": dedicated_busy_s,
     }
+
+
+def slowdown(mux_step_s: list[float], dedicated_step_s: list[float]) -> float:
+    alone = mean(dedicated_step_s)
+    return mean(mux_step_s) / alone - 1.0 if alone > 0 else 0.0
 
 
 def mean(values) -> float:
@@ -358,6 +367,7 @@ class Progress:
             f"{summary['device_s_held_exclusive_jobs']:.1f} (each job's device for its run only)\n"
             f"device budget {split['device_memory_bytes'] / MiB:.1f} MiB: {split['state_bytes'] / MiB:.1f} for states, "
             f"{split['activation_reserve_bytes'] / MiB:.1f} activation reserve (measured)\n"
+            f"jobs within their slack (mean step multiplexed vs alone): {summary['within_slack']:.0%}   "
             f"switches {summary['switches']} (overhead {summary['switch_overhead']:.1%} of busy time)   "
             f"identical rewards: {summary['identical_rewards']}\n"
             f"plots, events.jsonl and summary.json in {summary['out']}/")

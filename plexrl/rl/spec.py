@@ -55,6 +55,8 @@ class JobSpec(BaseModel):
     critic_learning_rate: float = Field(3e-3, gt=0, le=1.0)
     max_sampling_rounds: int = Field(3, ge=1, le=64, description="DAPO: rounds to refill flat groups")
     teacher_warm_start_steps: int = Field(1000, ge=0, le=100_000, description="distill: SFT steps of the teacher")
+    slack: float = Field(0.10, ge=0, le=100.0, description="the job's SLO: how much slower than alone its steps "
+                                                         "may run when it shares devices (0.1 = 10%)")
 
     @model_validator(mode="after")
     def groups_need_two(self) -> "JobSpec":

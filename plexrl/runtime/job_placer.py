@@ -214,6 +214,7 @@ class JobPlacer:
                     "provisional": r.provisional,
                     "queueing_delay_s": delays.get(job, 0.0),
                     "waiting_reason": waiting.get(job),
+                    "slack": r.slack,
                     "migrations": r.migrations,
                     "replacements": r.replacements,
                 }
