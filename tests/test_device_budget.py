@@ -180,3 +180,23 @@ def test_on_cuda_the_reserve_covers_a_forward_backward_of_the_probe_next_to_a_fu
         arena = cluster.workers[0].target.arena
         assert arena.capacity_bytes == budget - reserve - (budget - reserve) % 4
         assert math.isfinite(trainer.optim_step(plexrl.AdamParams()).result(TIMEOUT_S).metrics.get("grad_norm", 0.0))
+
+
+@pytest.mark.parametrize("precision, itemsize", [("fp32", 4), ("bf16", 2)])
+def test_a_sample_is_refused_when_its_kv_cache_cannot_fit_beside_its_model(tiny_model, precision, itemsize):
+    """The front sizes a sample call's KV cache in the dtype the model computes in: a call that
+    fits in bfloat16 is not refused for the float32 cache it would need in fp32."""
+    config = load_module(tiny_model).config
+    budget = 16 * MiB
+    with plexrl.LocalCluster(devices=1, device_memory_bytes=budget, precision=precision,
+                             max_sampled_tokens=10**6) as c:
+        sampler = c.service_client("s").create_sampling_client(base_model=tiny_model)
+        room = budget - sampler.state.device_bytes
+        num = room // (2 * kv_bytes_per_token(config, 4)) + 1  # prompt 1 + max_tokens 1: 2 tokens each
+        assert num * 2 * kv_bytes_per_token(config, 2) <= room  # in bfloat16 the same call fits
+        call = sampler.sample(plexrl.ModelInput.from_ints([5]), int(num), plexrl.SamplingParams(max_tokens=1, seed=0))
+        if itemsize == 4:
+            with pytest.raises(errors.InvalidInput, match=f"num_samples={num} needs a .*-byte KV cache"):
+                call.result(5)
+        else:
+            assert len(call.result(120).sequences) == num

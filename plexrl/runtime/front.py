@@ -272,7 +272,8 @@ class Front(NodeRecovery):
             raise errors.InvalidInput(
                 f"num_samples={num} x (prompt + max_tokens) = {tokens:,} tokens in one sample call; expected at most "
                 f"max_sampled_tokens={self.config.max_sampled_tokens:,} (a cluster setting): split the call")
-        kv = tokens * kv_bytes_per_token(self._config(state.source))
+        kv = tokens * kv_bytes_per_token(self._config(state.source), compute_dtype(self.precision, state.trainable,
+                                                                                    state.lora).itemsize)
         if kv + state.device_bytes > self.config.device_memory_bytes:
             raise errors.InvalidInput(
                 f"num_samples={num} needs a {kv:,}-byte KV cache next to its {state.device_bytes:,}-byte model, more "
@@ -543,12 +544,20 @@ def num_samples_tokens(payload: dict) -> int:
     return int(payload["num_samples"]) * (len(payload["tokens"]) + int(payload["params"].max_tokens))
 
 
-def kv_bytes_per_token(config) -> int:
-    """Float32 keys and values of every layer for one token of a Hugging Face decoder config."""
+def kv_bytes_per_token(config, itemsize: int = 4) -> int:
+    """Keys and values of every layer for one token of a Hugging Face decoder config, `itemsize`
+    bytes a number (the dtype the model computes in: `compute_dtype`)."""
     heads = getattr(config, "num_attention_heads", 1)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * 4
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * itemsize
+
+
+def compute_dtype(resolved: str, trainable: bool, lora: LoraConfig | None):
+    """The dtype a state's model computes in (its KV cache's): its autocast dtype, else its
+    weights' ("auto" counts as bf16, as in `weights_dtype`)."""
+    weights, autocast = precision.state_dtypes("bf16" if resolved == "auto" else resolved, trainable, lora)
+    return autocast or weights
 
 
 def weights_dtype(resolved: str, trainable: bool, lora: LoraConfig | None):
