@@ -554,16 +554,20 @@ def kv_bytes_per_token(config, itemsize: int = 4) -> int:
 
 
 def compute_dtype(resolved: str, trainable: bool, lora: LoraConfig | None):
-    """The dtype a state's model computes in (its KV cache's): its autocast dtype, else its
-    weights' ("auto" counts as bf16, as in `weights_dtype`)."""
-    weights, autocast = precision.state_dtypes("bf16" if resolved == "auto" else resolved, trainable, lora)
+    """The dtype a state's model computes in (its KV cache's): its autocast dtype, else its weights'."""
+    weights, autocast = _state_dtypes(resolved, trainable, lora)
     return autocast or weights
 
 
 def weights_dtype(resolved: str, trainable: bool, lora: LoraConfig | None):
-    """The dtype a state of a cluster of precision `resolved` holds; "auto" (not known to a Ray
-    front: its nodes ask their workers) counts as bf16, the smaller: the node checks the real size."""
-    return precision.state_dtypes("bf16" if resolved == "auto" else resolved, trainable, lora)[0]
+    """The dtype a state of a cluster of precision `resolved` holds."""
+    return _state_dtypes(resolved, trainable, lora)[0]
+
+
+def _state_dtypes(resolved: str, trainable: bool, lora: LoraConfig | None):
+    """`precision.state_dtypes` as a front sees it: "auto" (not known to a Ray front: its nodes
+    ask their workers) counts as bf16, the smaller: the node checks the real size."""
+    return precision.state_dtypes("bf16" if resolved == "auto" else resolved, trainable, lora)
 
 
 def _state_bytes(config, trainable: bool, lora: LoraConfig | None = None, resolved: str = "fp32") -> tuple[int, int]:

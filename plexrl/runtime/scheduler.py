@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from plexrl.api import errors
 from plexrl.api.futures import APIFuture
-from plexrl.policy import GroupQueue, LoadPlan, NoFit, Policy, StepClock, Tier, TransitionKind, choose, offload_estimate
+from plexrl.policy import GroupQueue, Head, LoadPlan, NoFit, Policy, StepClock, Tier, TransitionKind, choose, offload_estimate
 from plexrl.runtime.functions import FUNCTIONS, Function
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
@@ -165,7 +165,7 @@ class GroupScheduler:
             return
         state = self.sm.states[request.state_id]
         now, tracked = self.telemetry.now(), self._job(request.job)
-        tracked.move(request, now, READY)
+        tracked.move(request, now, Head.READY)
         self._queue.make_ready(
             request.state_id,
             arrival=request.arrival_s,
@@ -229,7 +229,7 @@ class GroupScheduler:
                     self._queue.park(state_id)
                 continue
             request = self._queue.dispatch(state_id)
-            self._job(request.job).move(request, self.telemetry.now(), RUNNING)
+            self._job(request.job).move(request, self.telemetry.now(), Head.RUNNING)
             for t in plan.transitions:  # keep the candidates' residency right for the states this plan moves
                 if t.state_id in ready:
                     ready.set_resident(t.state_id, -1)
@@ -322,9 +322,6 @@ class GroupScheduler:
         self._io.shutdown(wait=True)
 
 
-READY, RUNNING = "ready", "running"
-
-
 class _JobSlack:
     """One job's device calls on this group and its `StepClock`. The time the job has calls
     ready and none running here is delay the scheduler injected into its step (calls that wait
@@ -342,13 +339,13 @@ class _JobSlack:
     def _blocked(self) -> bool:
         return bool(self.ready) and not self.running
 
-    def move(self, request: Request, now: float, to: str | None) -> None:
+    def move(self, request: Request, now: float, to: Head | None) -> None:
         """`request` is now ready, running, or gone (None)."""
         was, key = self._blocked(), id(request)  # the object: ids from several fronts may repeat
         self.ready.discard(key)
         self.running.discard(key)
         if to is not None:
-            (self.ready if to == READY else self.running).add(key)
+            (self.ready if to is Head.READY else self.running).add(key)
         if was and not self._blocked():
             self.clock.delayed(now - self.since)
         elif self._blocked() and not was:
