@@ -4,7 +4,7 @@
 #   1) pytest -m cuda over every test file (tests/test_cuda.py: transparency on CUDA on the local
 #      and process engines, page-locked host buffers registered and unregistered, event-timed device
 #      time, budgets refused with clear errors, bf16 the auto precision with snapshots sampling and
-#      TF32 on; tests/test_device_budget.py: the measured activation reserve covers a forward_backward
+#      TF32 on, fp32 with TF32 off; tests/test_device_budget.py: the measured activation reserve covers a forward_backward
 #      beside an arena at the net budget) and tests/test_writeback.py on CUDA (write-back bytes per call);
 #   2) plexrl bench switch --device cuda: a switch's load through the runtime (bf16 states, the
 #      auto precision on CUDA) against a page-locked host-to-device copy_ of the same bytes in the

@@ -12,7 +12,8 @@ Invariants checked:
 - a state larger than the device budget is refused with StateTooLarge, and a budget larger than
   the GPU with a ConfigError naming device_memory_bytes: never a CUDA out-of-memory crash;
 - precision "auto" is bf16 on CUDA: 2 B/param snapshots that sample what their bf16 weights give
-  run directly, trainers in mixed precision, TF32 allowed for float32 matmuls.
+  run directly, trainers in mixed precision, TF32 allowed for float32 matmuls; under "fp32" the
+  float32 matmuls stay IEEE float32 (TF32 off for matmuls and cuDNN).
 """
 
 from __future__ import annotations
@@ -171,3 +172,13 @@ def test_bf16_is_the_auto_precision_on_cuda_and_a_bf16_snapshot_samples_its_weig
     assert [s.tokens for s in out.sequences] == [s.tokens for s in direct.sequences]
     np.testing.assert_allclose([s.logprobs for s in out.sequences], [s.logprobs for s in direct.sequences], atol=1e-5)
     assert torch.backends.cuda.matmul.allow_tf32, "a CUDA worker did not allow TF32 for float32 matmuls"
+
+
+def test_an_fp32_cluster_on_cuda_keeps_float32_matmuls_ieee(tiny_model):
+    from plexrl.engines.local import LocalCluster
+
+    with LocalCluster(devices=1, torch_device="cuda", precision="fp32") as cluster:
+        trainer = cluster.service_client("fp32").create_training_client(tiny_model)
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+        assert not torch.backends.cuda.matmul.allow_tf32, "precision='fp32' ran float32 matmuls at TF32"
+        assert not torch.backends.cudnn.allow_tf32, "precision='fp32' left cuDNN's TF32 on"

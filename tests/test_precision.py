@@ -91,6 +91,28 @@ def test_what_a_state_holds_and_runs_in(name, resolved, trainable, lora, expecte
     assert precision.state_dtypes(resolved, trainable, lora) == expected, name
 
 
+@pytest.mark.parametrize("name, resolved, trainable, lora, tf32", [
+    ("fp32 trainer", "fp32", True, None, False),
+    ("fp32 frozen", "fp32", False, None, False),
+    ("bf16 trainer under autocast", "bf16", True, None, True),
+    ("bf16 frozen weights", "bf16", False, None, True),
+    ("bf16 LoRA: float32 only", "bf16", True, plexrl.LoraConfig(rank=2), False),
+])
+def test_tf32_follows_the_precision_a_state_computes_in(name, resolved, trainable, lora, tf32):
+    """A CUDA worker allows TF32 once it holds a state that computes in bfloat16, never for an
+    fp32 cluster (the user asked for IEEE float32); `set_tf32` sets both flags, and on CPU none."""
+    assert precision.computes_in_bf16(*precision.state_dtypes(resolved, trainable, lora)) is tf32, name
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        precision.set_tf32("cpu", not flags[0])
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == flags
+        for allowed in (True, False):
+            precision.set_tf32("cuda:0", allowed)
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (allowed, allowed)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
 def test_a_bf16_state_is_rounded_up_to_whole_float32_words():
     module = torch.nn.Linear(2, 1)  # 3 parameters: 6 bytes in bfloat16
     state = ModelState("j/m", "j", "m", module, False, "", dtype=torch.bfloat16)

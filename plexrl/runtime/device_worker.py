@@ -115,7 +115,7 @@ class DeviceWorker:
         torch_device = cuda.resolve_device(torch_device)  # "auto" (Ray): this process's GPU when it has one
         self.timing = "cuda_events" if torch_device.startswith("cuda") else "thread_cpu"
         self.torch_device = torch_device
-        precision.use_tf32(torch_device)
+        precision.set_tf32(torch_device, False)  # float32 is IEEE float32 until a bf16 state arrives
         self.streams = cuda.Streams(torch_device)  # copies and clocks (runtime/cuda.py)
         self.arena = DeviceArena(device, capacity_bytes, torch_device)
         self.states: dict[str, ModelState] = {}
@@ -345,6 +345,8 @@ class DeviceWorker:
                 state = ModelState(spec.state_id, spec.job, spec.name, module, spec.trainable, spec.source,
                                    lora=spec.lora, sampler=spec.sampler, dtype=spec.dtype, autocast=spec.autocast)
                 self.states[spec.state_id] = state
+                if precision.computes_in_bf16(spec.dtype, spec.autocast):
+                    precision.set_tf32(self.torch_device, True)  # a bf16 cluster: float32 leftovers at TF32
             return state
 
 

@@ -18,10 +18,13 @@ they run (the driver may have no GPU), so the front hands "auto" on and each nod
 worker what it runs on before it makes its first state (node.py). The workers of one node are on
 one machine, so one answer holds for the node.
 
-TF32 (`use_tf32`): a CUDA device worker lets float32 matmuls and convolutions use TF32 tensor
-cores (what is left in float32 under either precision). It is a process-wide setting: on the
-local engine, whose workers are threads of the driver, it holds for the driver's own torch code
-too. Never on CPU.
+TF32 (`set_tf32`, `computes_in_bf16`): a CUDA device worker lets float32 matmuls and convolutions
+use TF32 tensor cores once it holds a state that computes in bfloat16 (a cluster of precision "bf16",
+"auto" on CUDA): what is left in float32 there (master-weight updates, log-probs, LoRA states)
+runs at TF32. Under "fp32" they stay IEEE float32, as asked: the worker turns TF32 off for matmuls
+and for cuDNN (whose default is on) when it starts. It is a process-wide setting: on the local
+engine, whose workers are threads of the driver, it holds for the driver's own torch code too,
+and the cluster that set it last decides for every cluster of that process. Never on CPU.
 """
 
 from __future__ import annotations
@@ -53,8 +56,13 @@ def state_dtypes(precision: str, trainable: bool, lora: LoraConfig | None) -> tu
     return (torch.float32, torch.bfloat16) if trainable else (torch.bfloat16, None)
 
 
-def use_tf32(torch_device: str) -> None:
-    """TF32 for float32 matmuls and convolutions on CUDA (process-wide); nothing on CPU."""
+def computes_in_bf16(dtype: torch.dtype, autocast: torch.dtype | None) -> bool:
+    """Whether a state of flat `dtype` run under `autocast` (`state_dtypes`) computes in bfloat16."""
+    return dtype == torch.bfloat16 or autocast == torch.bfloat16
+
+
+def set_tf32(torch_device: str, allowed: bool) -> None:
+    """Whether float32 matmuls and convolutions on CUDA may use TF32 (process-wide); nothing on CPU."""
     if torch_device.startswith("cuda"):
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+        torch.backends.cudnn.allow_tf32 = allowed
