@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import statistics
+from typing import Callable
 
 
-def emit(title: str, result: dict, as_json: bool) -> None:
+def emit(title: str, result: dict, as_json: bool, table: Callable[[dict], None] | None = None) -> None:
+    """`result` as one JSON object, or printed by `table` (default: a figure/value table titled `title`)."""
     if as_json:
         print(json.dumps(result, sort_keys=True))
+        return
+    if table is not None:
+        table(result)
         return
     from rich.console import Console
     from rich.table import Table

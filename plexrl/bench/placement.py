@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 
+from plexrl.bench.common import emit
 from plexrl.policy.placement import FirstFit, Placement, Placer
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.policy.resources import ResourceView
@@ -106,10 +106,7 @@ def main(argv: list[str]) -> int:
     result = time_decisions(args.jobs, args.pods, args.groups_per_pod, args.slots)
     result.update(contention(seeds=args.seeds))
     result["target_ms"] = 20.0
-    if args.json:
-        print(json.dumps(result))
-    else:
-        _print_table(result)
+    emit("placement", result, args.json, _print_table)
     return 0
 
 

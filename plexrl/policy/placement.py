@@ -58,7 +58,11 @@ correlation 0.95 (MAE 7-8 points) where fluid sharing had 0.56 (MAE 22 points); 
 saturated-1024 and agentic-bursty MAE of shared jobs 2-3 points. Out of scope (first order):
 a slowed co-tenant's calls come less often (it over-predicts agent-7b next to slowed code-7b)
 and two near-always-busy jobs are bounded by the device's capacity (it under-predicts
-math-7b pairs, which run at about busy share + busy share - 1).
+math-7b pairs, which run at about busy share + busy share - 1). One combination at a time
+(`plexrl bench cotenancy`: crowded-256's classes alone on one node group), MAE is 6.4 points
+for pairs and 21 for three tenants, nearly all under-predicted there (three math-7b: 173%
+against 191%; the always-busy job among three: 40-57 points short): summing the tenants'
+residuals leaves out a third job's calls that start while a phase waits for a second's.
 Placement measures feed back (`observe`): a tenant whose measured inflation is known is
 judged by it plus what the newcomer adds, so a group whose tenants run under their
 predictions may take more, and one with a tenant past its slack takes nobody onto its devices.

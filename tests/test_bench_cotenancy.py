@@ -1,0 +1,63 @@
+"""`plexrl bench cotenancy` (plexrl/bench/cotenancy.py): the placer's co-tenancy model against the
+simulator, one combination of job classes on one node group at a time.
+
+Invariants checked (the error itself is a figure for notes, not asserted):
+- every multiset of 2..K classes of one size runs, its jobs all placed on the same devices and
+  sharing through the whole run, each with a predicted and a realised inflation;
+- the mean absolute error is the mean of |predicted - realised| over those jobs, overall and per
+  number of tenants;
+- a class that does not fill whole nodes is left out with a reason; fewer than 2 tenants is a
+  clear error; the command prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from plexrl.bench.cotenancy import cotenancy
+from plexrl.cli import main
+from plexrl.sim.workload import Job, Workload, load_cluster, load_workload
+
+
+def two_classes() -> Workload:
+    crowded = load_workload("crowded-256")
+    math, code = crowded.jobs[0], crowded.jobs[2]
+    half = math.model_copy(update={"name": "half-node", "dp": 4})
+    return crowded.model_copy(update={"jobs": [math, code, half]})
+
+
+def test_every_pair_shares_one_group_and_the_error_is_their_mean():
+    workload = two_classes()
+    out = cotenancy(workload, load_cluster(workload.cluster), tenants=2)
+    assert [c["combination"] for c in out["combinations"]] == [
+        ["math-7b", "math-7b"], ["math-7b", "code-7b"], ["code-7b", "code-7b"]]
+    assert out["not_co_placed"] == [] and all(c["co_placed"] for c in out["combinations"])
+    rows = [r for c in out["combinations"] for r in c["jobs"]]
+    assert len(rows) == 6 and all(r["shared"] and r["realised"] > 0 for r in rows)
+    errors = [abs(r["predicted"] - r["realised"]) for r in rows]
+    assert out["mae"] == pytest.approx(np.mean(errors)) and out["mae_by_tenants"] == {"2": pytest.approx(out["mae"])}
+    assert out["skipped"] == ["half-node: 4 GPUs is not whole nodes of 8"]
+
+
+def test_fewer_than_two_tenants_or_an_unknown_workload_is_a_clear_error(capsys):
+    workload = load_workload("crowded-256")
+    with pytest.raises(ValueError, match="--tenants 1: expected at least 2"):
+        cotenancy(workload, load_cluster(workload.cluster), tenants=1)
+    for argv, says in ((["--tenants", "1"], "--tenants 1: expected at least 2"),
+                       (["nosuch"], "workload 'nosuch' is neither a file nor a shipped workload")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench", "cotenancy", *argv])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_command_prints_one_json_object(capsys, tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text(json.dumps(load_workload("crowded-256").model_copy(
+        update={"jobs": [Job(name="solo", params_b=7, reward_s=10)]}).model_dump()))
+    assert main(["bench", "cotenancy", str(path), "--tenants", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [c["combination"] for c in out["combinations"]] == [["solo", "solo"]]
+    assert out["target_mae"] == 0.05 and set(out["mae_by_tenants"]) == {"2"}
