@@ -6,7 +6,8 @@ Invariants checked (the error itself is a figure for notes, not asserted):
   sharing through the whole run, each with a predicted and a realised inflation;
 - the mean absolute error is the mean of |predicted - realised| over those jobs, overall and per
   number of tenants;
-- a class that does not fill whole nodes is left out with a reason; fewer than 2 tenants is a
+- a class that differs from another only in arrivals, slack and steps counts once; a class that
+  does not fill whole nodes is left out with a reason; fewer than 2 tenants is a
   clear error; the command prints one JSON object.
 """
 
@@ -26,7 +27,8 @@ def two_classes() -> Workload:
     crowded = load_workload("crowded-256")
     math, code = crowded.jobs[0], crowded.jobs[2]
     half = math.model_copy(update={"name": "half-node", "dp": 4})
-    return crowded.model_copy(update={"jobs": [math, code, half]})
+    later = code.model_copy(update={"name": "code-7b-later", "arrival_s": 5000.0, "count": 3, "slack": 0.2})
+    return crowded.model_copy(update={"jobs": [math, code, half, later]})
 
 
 def test_every_pair_shares_one_group_and_the_error_is_their_mean():

@@ -27,6 +27,9 @@ def job(name: str, demand, barriers: int = 0, residual_s: float = 0.0, slack: fl
 
 BUSY = (2, 2, 2, 2, 2, 2, 0, 0)  # busy 6 of 8 s per device: two such jobs cannot take turns
 SHORT = (2, 2, 0, 0, 0, 0, 0, 0)  # busy 2 s, idle 6 s: two such jobs take turns
+# busy 3 + 3 of 20 s (30%), longest idle stretch 11 s: one other's 6 s fits it, two others' 12 s do not
+SPLIT = (2, 2, 2, 0, 0, 0, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+SPLIT_RESIDUAL = (3.0**2 + 3.0**2) / (2 * 20)
 
 
 WAITS = {
@@ -47,6 +50,13 @@ WAITS = {
         job("a", SHORT, 2, 1.0), [(job("b", SHORT, 2, 1.0, period_s=10.0), 1.0)], 10.0 / 8 - 1),
     "the slower of two interleaving jobs is not slowed": (
         job("a", SHORT, 2, 1.0, period_s=10.0), [(job("b", SHORT, 2, 1.0), 1.0)], 0.0),
+    "two split-phase jobs take turns": (
+        job("a", SPLIT, 2, SPLIT_RESIDUAL), [(job("b", SPLIT, 2, SPLIT_RESIDUAL), 1.0)], 0.0),
+    # 90% busy together, but no job's idle stretch holds both others' busy time: random phases
+    "three do not, though each pair would": (
+        job("a", SPLIT, 2, SPLIT_RESIDUAL),
+        [(job("b", SPLIT, 2, SPLIT_RESIDUAL), 1.0), (job("c", SPLIT, 2, SPLIT_RESIDUAL), 1.0)],
+        2 * (2 * SPLIT_RESIDUAL) / 20),
 }
 
 

@@ -31,14 +31,20 @@ from plexrl.sim.workload import Cluster, Job, Workload, load_cluster, load_workl
 NEVER_REFUSED = 1e3  # slack of every job: the placer co-places whatever fits in memory
 PERIODS = 25  # the horizon, in solo steps of the combination's slowest job
 MODE = "plexrl"
+_SET_HERE = {"name", "count", "arrival_s", "arrival_every_s", "slack", "steps"}
 
 
 def classes_by_size(workload: Workload, cluster: Cluster) -> tuple[dict[int, list[Job]], list[str]]:
     """The workload's job classes grouped by GPUs, those that fill whole nodes; and why the
-    others are left out."""
+    others are left out. Classes that differ only in when and how often they arrive, their slack
+    and their steps (which this benchmark sets) count once, by their first name."""
     sizes: dict[int, list[Job]] = defaultdict(list)
-    skipped = []
+    skipped, seen = [], set()
     for job in workload.jobs:
+        key = job.model_dump_json(exclude=_SET_HERE)
+        if key in seen:
+            continue
+        seen.add(key)
         if job.gpus % cluster.gpus_per_node:
             skipped.append(f"{job.name}: {job.gpus} GPUs is not whole nodes of {cluster.gpus_per_node}")
         else:
