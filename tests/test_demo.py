@@ -106,6 +106,19 @@ def test_each_jobs_slowdown_is_judged_by_its_slack(demo):
 
 
 @pytest.mark.slow
+def test_the_placers_prediction_is_reported_against_the_realised_slowdown(demo):
+    """Each job's predicted inflation is its placement's (the cluster's placement record), and
+    the mean error is taken against the slowdown the demo measured."""
+    summary, _ = demo
+    for job in summary["jobs"]:
+        assert job["inflation_predicted"] is not None and job["inflation_predicted"] >= 0
+        assert isinstance(job["profile_provisional"], bool)
+    assert summary["inflation_mae"] == pytest.approx(
+        sum(abs(j["inflation_predicted"] - j["slowdown"]) for j in summary["jobs"]) / len(summary["jobs"]))
+    assert summary["profiles_provisional"] == sum(j["profile_provisional"] for j in summary["jobs"])
+
+
+@pytest.mark.slow
 def test_more_jobs_than_devices(tmp_path):
     summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4")
     assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]

@@ -178,7 +178,8 @@ def warm_up(cluster, models) -> None:
 
 def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[str, JobResult], metrics: dict,
               args) -> dict:
-    jobs = [job_row(spec, *dedicated[spec.name], mux[spec.name], metrics["jobs"].get(spec.name, {})) for spec in specs]
+    jobs = [job_row(spec, *dedicated[spec.name], mux[spec.name], metrics["jobs"].get(spec.name, {}),
+                    metrics["placement"].get(spec.name, {})) for spec in specs]
     consumed = sum(j["consumed_device_s"] for j in jobs)
     reserved = sum(j["reserved_device_s"] for j in jobs)
     busy = metrics["device_busy_s"]
@@ -195,6 +196,10 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], mux: dict[st
         "cost_reduction": 1.0 - consumed / reserved,
         "identical_rewards": all(j["identical_rewards"] for j in jobs),
         "within_slack": mean([1.0 if j["within_slack"] else 0.0 for j in jobs]),  # share of jobs within their SLO
+        # the placer's predicted inflation against the realised slowdown, as `plexrl sim` reports it
+        "inflation_mae": mean([abs(j["inflation_predicted"] - j["slowdown"]) for j in jobs
+                               if j["inflation_predicted"] is not None]),
+        "profiles_provisional": sum(bool(j["profile_provisional"]) for j in jobs),
         "makespan_mux_s": metrics["makespan_s"],
         "makespan_exclusive_s": makespan_exclusive,
         "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
@@ -239,7 +244,8 @@ def exclusive_schedule(durations: list[tuple[str, float]], devices: int) -> list
     return rows
 
 
-def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: JobResult, usage: dict) -> dict:
+def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: JobResult, usage: dict,
+            placed: dict) -> dict:
     window = max(1, spec.steps // 4)  # single steps are noisy: compare the first and last quarter
     slowed = slowdown(mux.step_s, dedicated.step_s)
     return {
@@ -251,6 +257,9 @@ def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: J
         "step_s_mux": mean(mux.step_s), "step_s_dedicated": mean(dedicated.step_s),
         # its SLO: the mean step multiplexed against alone, minus 1, and whether that stays within its slack
         "slack": spec.slack, "slowdown": slowed, "within_slack": slowed <= spec.slack,
+        # the placer's co-tenancy model for it: the step inflation its last placement predicted,
+        # whether that placement still rests on the provisional profile (a job brought none)
+        "inflation_predicted": placed.get("inflation"), "profile_provisional": placed.get("provisional"),
         "consumed_device_s": usage.get("consumed_device_s", 0.0),
         "switch_s": usage.get("switch_s", 0.0),
         "queue_wait_s": usage.get("queue_wait_s", 0.0),
@@ -368,6 +377,8 @@ class Progress:
             f"device budget {split['device_memory_bytes'] / MiB:.1f} MiB: {split['state_bytes'] / MiB:.1f} for states, "
             f"{split['activation_reserve_bytes'] / MiB:.1f} activation reserve (measured)\n"
             f"jobs within their slack (mean step multiplexed vs alone): {summary['within_slack']:.0%}   "
+            f"placer's predicted inflation vs realised: mean error {summary['inflation_mae']:.0%} "
+            f"({summary['profiles_provisional']} of {len(summary['jobs'])} jobs still on a provisional profile)\n"
             f"switches {summary['switches']} (overhead {summary['switch_overhead']:.1%} of busy time)   "
             f"identical rewards: {summary['identical_rewards']}\n"
             f"plots, events.jsonl and summary.json in {summary['out']}/")
