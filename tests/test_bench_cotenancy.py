@@ -63,3 +63,13 @@ def test_the_command_prints_one_json_object(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert [c["combination"] for c in out["combinations"]] == [["solo", "solo"]]
     assert out["target_mae"] == 0.05 and set(out["mae_by_tenants"]) == {"2"}
+
+
+def test_jobs_whose_memory_cannot_share_a_group_are_reported_not_co_placed():
+    """Host memory for one math-7b job per node, not two: the second waits the whole run."""
+    workload = load_workload("crowded-256")
+    workload = workload.model_copy(update={"jobs": [workload.jobs[0]]})
+    cluster = load_cluster(workload.cluster).model_copy(update={"host_memory_gb": 250})
+    out = cotenancy(workload, cluster, tenants=2)
+    assert out["not_co_placed"] == [["math-7b", "math-7b"]] and out["mae"] is None and out["mae_by_tenants"] == {}
+    assert [r["predicted"] for r in out["combinations"][0]["jobs"]] == [0.0, None]
