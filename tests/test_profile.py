@@ -130,8 +130,20 @@ def square_wave_log(n_steps: int = 3, period: float = 10.0) -> list[dict]:
 
 def test_profile_of_a_square_wave():
     p = profile_from_events(square_wave_log(), "j", slot_s=1.0, models=MODELS)
-    assert p.period_s == 10.0 and p.devices == 2
+    # it visited two devices, one at a time (the runtime runs a state where a device is free): one device's need
+    assert p.period_s == 10.0 and p.devices == 1
     assert p.demand == pytest.approx((1, 1, 1, 1, 1, 1, 1, 0, 0, 0))
+
+
+@pytest.mark.parametrize("name, events, devices", [
+    ("one at a time on two devices", steps([0, 4]) + request(1, 0, 0, 2) + request(2, 1, 2, 4), 1),
+    ("two at once", steps([0, 4]) + request(1, 0, 0, 3) + request(2, 1, 1, 2), 2),
+    ("two on one device count once", steps([0, 4]) + request(1, 0, 0, 3) + request(2, 0, 1, 2), 1),
+    ("three at once before the first step do not count", steps([2, 6]) + request(1, 0, 0, 1) + request(4, 3, 0, 1)
+     + request(5, 4, 0, 1) + request(2, 1, 2, 5) + request(3, 2, 3, 4), 2),
+])
+def test_a_measured_job_needs_the_devices_it_kept_busy_at_once(name, events, devices):
+    assert profile_from_events(events, "j", slot_s=1.0, models=MODELS).devices == devices, name
 
 
 PROFILING_CASES = {

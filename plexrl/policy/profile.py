@@ -155,7 +155,10 @@ def profile_from_events(
 ) -> JobProfile:
     """Measure `job`'s profile from event-log records (see the module docstring).
 
-    `devices` defaults to the number of distinct devices the job was busy on. `last_steps`
+    `devices` defaults to the most devices the job kept busy at once (at least 1): a runtime's
+    group scheduler runs a job's states on whichever device of the group is free, so the devices
+    it visited say nothing of how many it needs (three demo jobs, each one call at a time,
+    visited both devices of their group and were measured as 2-device jobs). `last_steps`
     keeps only the most recent complete steps (all by default). The slot width is `slot_s`
     rounded so that a whole number of slots makes one period.
     """
@@ -170,8 +173,7 @@ def profile_from_events(
     busy = np.zeros(slots)
     for start, end in zip(bounds[:-1], bounds[1:]):
         busy += _fold_step(intervals, start, end, period, slots)
-    used = {device for _, _, device in intervals}
-    n_devices = devices if devices is not None else max(1, len(used))
+    n_devices = devices if devices is not None else max(1, _most_at_once(intervals, bounds[0], bounds[-1]))
     demand = np.minimum(busy / len(durations) / (period / slots), n_devices)
     return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack)
 
@@ -188,6 +190,23 @@ def _step_bounds(records: list[Mapping], job: str, last_steps: int | None) -> np
             raise ValueError(f"last_steps must be >= 1, got {last_steps}")
         times = times[-(last_steps + 1):]
     return np.asarray(times)
+
+
+def _most_at_once(intervals: list[tuple[float, float, int]], start: float, end: float) -> int:
+    """The most distinct devices busy at the same moment within [start, end)."""
+    edges = []
+    for t0, t1, device in intervals:
+        a, b = max(t0, start), min(t1, end)
+        if b > a:
+            edges += [(a, 1, device), (b, -1, device)]
+    busy: dict[int, int] = {}  # device -> its intervals open now
+    most = 0
+    for _, step, device in sorted(edges, key=lambda e: (e[0], e[1])):  # at one moment, ends before starts
+        busy[device] = busy.get(device, 0) + step
+        if busy[device] == 0:
+            del busy[device]
+        most = max(most, len(busy))
+    return most
 
 
 def held_s(transition: Mapping) -> float:
