@@ -88,7 +88,7 @@ def cotenancy(workload: Workload, cluster: Cluster, tenants: int = 3) -> dict:
     for c in combinations:
         if c["co_placed"]:
             errors[c["tenants"]] += [abs(r["predicted"] - r["realised"]) for r in c["jobs"]]
-    every = [e for k in sorted(errors) for e in errors[k]]
+    every = [e for errs in errors.values() for e in errs]
     return {
         "workload": workload.name, "cluster": cluster.name, "mode": MODE,
         "combinations": combinations, "skipped": skipped,

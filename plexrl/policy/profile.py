@@ -201,7 +201,7 @@ def _most_at_once(intervals: list[tuple[float, float, int]], start: float, end: 
             edges += [(a, 1, device), (b, -1, device)]
     busy: dict[int, int] = {}  # device -> its intervals open now
     most = 0
-    for _, step, device in sorted(edges, key=lambda e: (e[0], e[1])):  # at one moment, ends before starts
+    for _, step, device in sorted(edges):  # at one moment, ends (-1) before starts
         busy[device] = busy.get(device, 0) + step
         if busy[device] == 0:
             del busy[device]
