@@ -351,6 +351,12 @@ class StateManager:
         """Book a device-side transition a worker ran (the state is claimed busy by the plan).
         The node's own view of a DEVICE state stays bound to its host copy, which write-through
         keeps current: node functions read and write that."""
+        self.moved(t)
+        self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes, charged_s)
+
+    def moved(self, t: Transition) -> None:
+        """The node's view follows a device-side transition (`record` without the booking: an
+        offload elsewhere is booked when its worker answers, node.py)."""
         state = self.states[t.state_id]
         with self.lock:
             if t.kind is TransitionKind.LOAD:
@@ -358,7 +364,6 @@ class StateManager:
             else:
                 state.tier, state.device, state.offset = Tier.HOST, None, None
             state.dirty = False
-        self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes, charged_s)
 
     def lose_device(self, device: int) -> list[str]:
         """The device's copies are gone (its worker died, or a node function changed the host
