@@ -146,3 +146,27 @@ def test_the_pack_limit_reaches_the_placer():
         assert c.control.target.placer.placer.pack_limit is None
     with plexrl.LocalCluster(devices=1, pack_limit=0.25) as c:
         assert c.control.target.placer.placer.pack_limit == 0.25
+
+
+def test_a_refused_replacement_says_why():
+    """A job admitted on its provisional guess whose measured profile the placer will not re-place
+    (its one device is busy with another job's guess all the time) stays where it is, and the placement
+    metrics say why (`replacement_refused`, as `plexrl demo` reports it per job)."""
+    from plexrl.policy import ResourceView
+    from plexrl.runtime.job_placer import JobPlacer, provisional_profile
+
+    models = [ModelMemory("policy", MiB, MiB)]
+    placer = JobPlacer(ResourceView.uniform(1, 1, 1, 1, 64 * MiB, 256 * MiB), horizon_slots=64, slot_s=0.1,
+                       first_fit=False, profile_steps=2)
+    clock = lambda: 0.0  # noqa: E731
+    for job in ("busy", "guess"):  # both on a guess: admitted without a slack check, on the one device
+        placer.admit(provisional_profile(job, models, 0.1), 0.1, True, clock, 5.0)
+    events = [{"t": float(t), "event": "step", "job": "guess"} for t in range(3)]
+    events += [{"t": 0.0, "event": "start", "job": "guess", "request_id": 1, "device": 0},
+               {"t": 2.0, "event": "end", "job": "guess", "request_id": 1, "device": 0}]  # busy all the time
+    assert placer.summary()["guess"]["replacement_refused"] is None
+    for step in (1, 2):
+        assert placer.on_step("guess", lambda: events, models, now=float(step)) is None
+    placed = placer.summary()["guess"]
+    assert placed["provisional"] and placed["replacements"] == 1
+    assert "slack" in placed["replacement_refused"], placed["replacement_refused"]

@@ -260,6 +260,7 @@ def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: J
         # the placer's co-tenancy model for it: the step inflation its last placement predicted,
         # whether that placement still rests on the provisional profile (a job brought none)
         "inflation_predicted": placed.get("inflation"), "profile_provisional": placed.get("provisional"),
+        "replacement_refused": placed.get("replacement_refused"),  # the placer's reason, when it kept the job put
         "consumed_device_s": usage.get("consumed_device_s", 0.0),
         "switch_s": usage.get("switch_s", 0.0),
         "queue_wait_s": usage.get("queue_wait_s", 0.0),

@@ -53,6 +53,7 @@ class JobRecord:
     migrations: int = 0
     replacements: int = 0
     reason: str = ""  # the latest Wait reason while waiting
+    refused: str = ""  # why its latest re-placement was refused ("" once one is taken)
     history: list[str] = field(default_factory=list)
     step_marks: list[float] = field(default_factory=list)  # its latest step boundaries since it was (re-)placed
     measured: float | None = None  # its measured step inflation, as the placer was last told
@@ -174,8 +175,9 @@ class JobPlacer:
             decision = self.placer.replace(measured, now)
             record.replacements += 1
             if isinstance(decision, Wait):  # keeps its old place; measure again later
-                record.reason = decision.reason
+                record.refused = decision.reason
                 return None
+            record.refused = ""
             moved = decision.group != record.placement.group
             record.profile, record.placement, record.provisional = measured, decision, False
             record.step_marks = [now]  # measured against its new profile from here on
@@ -212,6 +214,7 @@ class JobPlacer:
                     "inflation": None if p is None else p.inflation,
                     "measured_inflation": r.measured,
                     "provisional": r.provisional,
+                    "replacement_refused": r.refused or None,  # why it stays where it is, when it does
                     "queueing_delay_s": delays.get(job, 0.0),
                     "waiting_reason": waiting.get(job),
                     "slack": r.slack,
