@@ -422,7 +422,7 @@ class Node:
                 log.warning("letting go of %s on device %s failed: %s: %s", t.state_id, t.device,
                             type(exc).__name__, exc)
             return
-        self.telemetry.transition(t, job, 0, seconds, self.node, start, t.bytes)
+        self.sm.book(t, job, seconds, start, 0)
 
     def _worker_step(self, t: Transition) -> WorkerStep:
         state = self.sm.states[t.state_id]

@@ -352,6 +352,11 @@ class StateManager:
         The node's own view of a DEVICE state stays bound to its host copy, which write-through
         keeps current: node functions read and write that."""
         self.moved(t)
+        self.book(t, job, seconds, start, moved, charged_s)
+
+    def book(self, t: Transition, job: str, seconds: float, start: float, moved: int,
+             charged_s: float | None = None) -> None:
+        """Charge a device-side transition to `job` and log it (`record` without the view)."""
         self.telemetry.transition(t, job, moved, seconds, self.node, start, t.bytes, charged_s)
 
     def moved(self, t: Transition) -> None:
