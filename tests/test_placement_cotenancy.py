@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from plexrl.policy.placement import Placement, Placer, Wait, wait_inflation
+from plexrl.policy.placement import Placement, Placer, Wait, pooled_inflation, wait_inflation
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.policy.resources import ResourceView
 
@@ -149,3 +149,73 @@ def test_profiles_without_calls_keep_fluid_sharing():
     mixed = with_calls.decide(replace(job("b", BUSY), slack=1.0), 0.0)  # b does not know its calls
     fluid = without.decide(replace(job("b", BUSY), slack=1.0), 0.0)
     assert mixed == fluid
+
+
+# -- pooled devices (the runtime: a group's states run on whichever of its devices is free) ------
+
+def one(name: str, busy: int, period: int = 10, call_s: float = 1.0, slack: float = 0.10) -> JobProfile:
+    """A one-call-at-a-time job: `busy` of `period` s busy, in calls of `call_s` (one device)."""
+    demand = (1.0,) * busy + (0.0,) * (period - busy)
+    calls = busy / call_s
+    return JobProfile(name, float(period), demand, 1, (ModelMemory("m", GiB, GiB),), slack,
+                      barriers=int(calls), residual_s=calls * call_s**2 / (2 * period))
+
+
+POOLED = {
+    # name: (job, tenants, devices, expected)
+    "alone": (one("a", 5), [], 2, 0.0),
+    "two one-call jobs on two devices never wait": (one("a", 5), [one("b", 9)], 2, 0.0),
+    # a waits only while b and c both run: 0.5 x 0.5; then for the first of their calls to end:
+    # each has 0.5 s of its 1 s call left on average, the first of two 1 / (1/0.5 + 1/0.5) = 0.25 s;
+    # 5 phases per 10 s step
+    "a third waits while both others run": (one("a", 5), [one("b", 5), one("c", 5)], 2, 5 * 0.25 * 0.25 / 10),
+    # one device: a waits whenever b runs (half the time), for the rest of b's 2 s calls (1 s)
+    "one device": (one("a", 5), [one("b", 5, call_s=2.0)], 1, 5 * 0.5 * 1.0 / 10),
+}
+
+
+@pytest.mark.parametrize("name", POOLED)
+def test_pooled_inflation_table(name):
+    profile, tenants, devices, expected = POOLED[name]
+    assert pooled_inflation(profile, tenants, devices) == pytest.approx(expected)
+
+
+def test_a_pooled_placer_counts_every_job_of_the_group():
+    """Pinned, jobs on different devices of a group do not meet; pooled, they do, and the
+    prediction is the pooled model's over the group's devices."""
+    pooled, pinned = Placer(view(), 64, 1.0, pooled=True), Placer(view(), 64, 1.0)
+    for placer in (pooled, pinned):
+        for name in "abc":
+            assert isinstance(placer.place(one(name, 5, slack=1.0), 0.0), Placement)
+    assert pooled.inflation_of("a") == pytest.approx(POOLED["a third waits while both others run"][3])
+    assert pinned.inflation_of("a") != pooled.inflation_of("a")
+
+
+def test_reprofile_keeps_the_place_and_judges_by_the_new_profile():
+    placer = Placer(view(), 64, 1.0, pooled=True)
+    placed = placer.place(one("a", 5, slack=1.0), 0.0)
+    placer.place(one("b", 5, slack=1.0), 0.0)
+    placer.reprofile(one("a", 9, slack=1.0))
+    assert placer.placements()["a"] == placed and placer.profile_of("a").busy_device_s == 9.0
+    with pytest.raises(ValueError, match="needs a re-placement"):
+        placer.reprofile(replace(job("a", BUSY), slack=1.0))  # 2 devices where it has 1
+
+
+def test_a_forecast_averages_over_its_time_with_a_prediction():
+    """`Forecast`: the time average of a step function; a stretch with None (the runtime holding a
+    guess) counts neither way, and a forecast never given a value has none."""
+    from plexrl.policy import Forecast
+
+    f = Forecast(0.0)
+    f.update(0.0, None, False)
+    f.update(2.0, 0.3, True)  # [0, 2): no prediction
+    f.update(4.0, 0.1, True)
+    assert f.mean(8.0) == pytest.approx((0.3 * 2 + 0.1 * 4) / 6)
+    f.close(6.0)
+    assert f.mean(100.0) == pytest.approx((0.3 * 2 + 0.1 * 2) / 4)
+    never = Forecast(0.0)
+    never.update(0.0, None, False)
+    assert never.mean(5.0) is None
+    plain = Forecast(1.0)  # the simulator's use: a value from the start
+    plain.update(3.0, 0.5, False)
+    assert plain.mean(5.0) == pytest.approx(0.5 * 2 / 4)

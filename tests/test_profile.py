@@ -18,6 +18,7 @@ from plexrl.policy.profile import (
     drifted,
     profile_from_events,
     resample,
+    waited_s,
 )
 
 GiB = 2**30
@@ -203,6 +204,55 @@ def test_profiled_busy_time_equals_the_busy_time_in_the_log(n_steps, period, bus
     p = profile_from_events(events, "j", slot_s=1.0, models=MODELS, devices=4)
     assert all(0.0 <= d <= 4.0 for d in p.demand)
     assert p.busy_device_s * n_steps == pytest.approx(total, abs=1e-6)
+
+
+def call(rid: int, device: int, arrival: float, dispatch: float, end: float, job: str = "j",
+         model: str = "policy") -> list[dict]:
+    """A device call as the runtime logs it: arrival, dispatch (a device took it), start, end."""
+    base = {"job": job, "model": model, "fn": "sample", "request_id": rid}
+    return [{"t": arrival, "event": "arrival", **base}, {"t": dispatch, "event": "dispatch", "device": device, **base},
+            {"t": dispatch, "event": "start", "device": device, **base}, {"t": end, "event": "end", "device": device, **base}]
+
+
+def test_waiting_for_a_device_held_by_others_is_cut_from_the_profile():
+    """Steps of 2 s: each call arrives at the step's start, waits 1 s for a device another job
+    holds, then runs 1 s. Alone the job would run 1 s steps, busy all the time: that is its
+    profile (measured as it ran, it would carry the 100% inflation sharing gave it)."""
+    events = steps([0, 2, 4, 6])
+    for k in range(3):
+        events += call(k, 0, 2 * k, 2 * k + 1, 2 * k + 2)
+    events += request(99, 0, 0, 5, job="other")
+    p = profile_from_events(events, "j", slot_s=0.5, models=MODELS)
+    assert p.period_s == pytest.approx(1.0) and p.demand == pytest.approx((1.0, 1.0))
+    # one phase per step, its call 1 s long: residual 1^2 / (2 x 1 s period)
+    assert p.barriers == 1 and p.residual_s == pytest.approx(0.5)
+    assert waited_s(events, "j") == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("name, events, waited", [
+    # its own model's earlier call runs: the next one is not ready yet, so it does not wait
+    ("behind its own call", call(1, 0, 0, 0, 2) + call(2, 1, 0.5, 2, 3), 0.0),
+    # another model of the job runs meanwhile: the job is not held up
+    ("while another of its models runs", call(1, 0, 0, 0, 2, model="critic") + call(2, 1, 0.5, 1.5, 3), 0.0),
+    ("ready and nothing running", call(1, 0, 0, 0, 1) + call(2, 0, 1.5, 2.5, 3), 1.0),
+])
+def test_only_ready_calls_with_nothing_of_the_job_running_wait(name, events, waited):
+    assert waited_s(events + steps([0, 3]), "j") == pytest.approx(waited), name
+
+
+def test_phases_are_calls_that_overlap():
+    # step 0: two calls at once (one phase), then one alone: 2 phases; calls 1 s, 1 s, 2 s
+    events = steps([0, 4]) + call(1, 0, 0, 0, 1) + call(2, 1, 0, 0, 1, model="critic") + call(3, 0, 1, 1, 3)
+    p = profile_from_events(events, "j", slot_s=1.0, models=MODELS)
+    assert p.devices == 2 and p.barriers == 2
+    assert p.residual_s == pytest.approx((1 + 1 + 4) / (2 * 4.0) / 2)  # per device
+
+
+def test_a_transition_on_another_device_does_not_make_a_second_device():
+    """The runtime lets go of a state's copy on the device it left while its call runs on another."""
+    events = steps([0, 4]) + request(1, 1, 0, 3) + [
+        {"t": 1.0, "event": "transition", "job": "j", "kind": "offload", "device": 0, "seconds": 0.5}]
+    assert profile_from_events(events, "j", slot_s=1.0, models=MODELS).devices == 1
 
 
 # -- drift ---------------------------------------------------------------------------------------

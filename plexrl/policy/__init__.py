@@ -5,7 +5,7 @@ clock, no torch or ray: time is an argument and randomness an injected generator
 """
 
 from plexrl.policy.accounting import JobUsage, Ledger
-from plexrl.policy.admission import MEASURED_STEPS, Admission, AdmissionQueue, Waiting, measured_inflation
+from plexrl.policy.admission import MEASURED_STEPS, Admission, AdmissionQueue, Forecast, Waiting, measured_inflation
 from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
 from plexrl.policy.group_queue import GroupQueue, Head
 from plexrl.policy.horizon import Horizon
@@ -19,6 +19,7 @@ from plexrl.policy.profile import (
     drifted,
     profile_from_events,
     resample,
+    waited_s,
 )
 from plexrl.policy.resources import Node, NodeGroup, ResourceView
 from plexrl.policy.transitions import choose_window, plan_host_room, plan_load, plan_prefetch
@@ -26,9 +27,9 @@ from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier,
 
 __all__ = [
     "MEASURED_STEPS", "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit",
-    "GroupQueue", "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
+    "Forecast", "GroupQueue", "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
     "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "StepClock", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
     "measured_inflation", "offload_estimate", "plan_host_room", "plan_load", "plan_prefetch", "priorities",
-    "profile_from_events", "resample", "step_inflation",
+    "profile_from_events", "resample", "step_inflation", "waited_s",
 ]

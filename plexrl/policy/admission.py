@@ -30,6 +30,44 @@ def measured_inflation(step_times_s: Sequence[float], period_s: float, last: int
     return round(sum(recent) / (len(recent) * period_s) - 1, 2)
 
 
+class Forecast:
+    """A placed job's predicted inflation as a step function of time, and its time average (what the
+    simulator and the runtime report against the realised slowdown). Times are passed in. A value
+    of None is a stretch without a prediction to judge (the runtime's placer holding a guess for
+    the job or a co-tenant): it counts neither way."""
+
+    def __init__(self, since: float):
+        self.since, self.last_t, self.value, self.area = since, since, 0.0, 0.0
+        self.uncounted = 0.0  # seconds without a value, up to last_t
+        self.shared = False
+        self.closed: float | None = None
+
+    def update(self, now: float, value: float | None, shared: bool) -> None:
+        if self.value is None:
+            self.uncounted += now - self.last_t
+        else:
+            self.area += self.value * (now - self.last_t)
+        self.last_t, self.value = now, value
+        self.shared = self.shared or shared
+
+    def close(self, now: float) -> None:
+        self.update(now, self.value, False)
+        self.closed = now
+
+    def mean(self, end: float) -> float | None:
+        """The mean over its time with a value, up to `end` (or its close); its latest value
+        when no such time has passed (None when that is None too)."""
+        stop = self.closed if self.closed is not None else end
+        area, uncounted = self.area, self.uncounted
+        if self.closed is None:
+            if self.value is None:
+                uncounted += stop - self.last_t
+            else:
+                area += self.value * (stop - self.last_t)
+        counted = (stop - self.since) - uncounted
+        return area / counted if counted > 0 else self.value
+
+
 @dataclass(frozen=True)
 class Admission:
     job: str

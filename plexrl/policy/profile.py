@@ -12,7 +12,15 @@ Online profiling (`profile_from_events`) turns the runtime's event log into a pr
   (load, offload) made for the job, because the ledger charges those to the job as well;
 - step boundaries come from the job's {"event": "step"} records; each complete step is
   stretched onto the median step period (keeping the order and proportion of its phases) and
-  the demand is the mean over steps.
+  the demand is the mean over steps;
+- the job as it runs alone: a stretch in which a call of the job was ready (its model's
+  earlier calls done) and waited for a device while nothing of the job ran is time its
+  co-tenants took from it, not part of its profile, and is cut out of the timeline before
+  the steps are folded (a job measured while sharing is otherwise measured with the
+  inflation that sharing gave it, and then judged against it: the closed loop would see 0);
+- its calls, for the co-tenancy model (`JobProfile.barriers`, `residual_s`): a phase is a set
+  of the job's device calls that overlap in time (a job whose calls run one at a time has a
+  phase per call); a call lasts from its dispatch (its own loads included) to its end.
 `drifted` says when a measured profile has moved far enough from the one a job was placed
 with that the runtime should re-place it.
 
@@ -155,7 +163,7 @@ def profile_from_events(
 ) -> JobProfile:
     """Measure `job`'s profile from event-log records (see the module docstring).
 
-    `devices` defaults to the most devices the job kept busy at once (at least 1): a runtime's
+    `devices` defaults to the most devices the job's calls kept busy at once (at least 1): a runtime's
     group scheduler runs a job's states on whichever device of the group is free, so the devices
     it visited say nothing of how many it needs (three demo jobs, each one call at a time,
     visited both devices of their group and were measured as 2-device jobs). `last_steps`
@@ -164,18 +172,149 @@ def profile_from_events(
     """
     if slot_s <= 0:
         raise ValueError(f"slot_s must be > 0 seconds, got {slot_s}")
-    records = [e for e in events if e.get("job") == job]
-    bounds = _step_bounds(records, job, last_steps)
-    intervals = _busy_intervals(records, end_s=bounds[-1])
+    records = sorted((e for e in events if e.get("job") == job), key=lambda r: float(r["t"]))
+    raw_bounds = _step_bounds(records, job, last_steps)
+    records = _window(records, raw_bounds[0])
+    calls = _device_calls(records)
+    spans = _busy_intervals(records, end_s=raw_bounds[-1])
+    alone = _without_waits(calls, spans, _node_calls(records))
+    bounds = alone(raw_bounds)
+    moved = alone(np.asarray([(a, b) for a, b, _, _ in spans], dtype=float).reshape(-1, 2))
+    intervals = [(a, b, d) for (a, b), (_, _, d, _) in zip(moved.tolist(), spans)]
     durations = np.diff(bounds)
     period = float(np.median(durations))
     slots = max(1, round(period / slot_s))
     busy = np.zeros(slots)
     for start, end in zip(bounds[:-1], bounds[1:]):
         busy += _fold_step(intervals, start, end, period, slots)
-    n_devices = devices if devices is not None else max(1, _most_at_once(intervals, bounds[0], bounds[-1]))
+    # its calls at once: a transition of its state on another device is the runtime's doing
+    requests = [interval for interval, (_, _, _, request) in zip(intervals, spans) if request]
+    n_devices = devices if devices is not None else max(1, _most_at_once(requests, bounds[0], bounds[-1]))
     demand = np.minimum(busy / len(durations) / (period / slots), n_devices)
-    return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack)
+    within = [(a, b) for _, a, b in calls if raw_bounds[0] <= a < raw_bounds[-1]]
+    squares = sum((b - a) ** 2 for a, b in within)
+    return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack,
+                      barriers=max(1, round(_phases(within) / len(durations))) if within else 0,
+                      residual_s=squares / len(durations) / (2 * period) / n_devices)
+
+
+def _window(records: list[Mapping], start_s: float) -> list[Mapping]:
+    """The records (sorted by time) from `start_s` on, and the earlier ones of requests still
+    going then: what steps from `start_s` on are measured from. Waits cut out before it move
+    every time alike, so they change nothing."""
+    first = next((i for i, e in enumerate(records) if float(e["t"]) >= start_s), len(records))
+    later = {e.get("request_id") for e in records[first:]} - {None}
+    return [e for e in records[:first] if e.get("request_id") in later] + records[first:]
+
+
+def _device_calls(records: list[Mapping]) -> list[tuple[float, float, float]]:
+    """(ready, dispatched, ended) of each of the job's device calls that ended (records sorted by
+    time): ready when it had arrived and its model's previous call had ended (a model runs its
+    calls in order)."""
+    arrived: dict[object, tuple[float, object]] = {}
+    dispatched: dict[object, float] = {}
+    last_end: dict[object, float] = {}
+    calls = []
+    for e in records:
+        kind, rid = e.get("event"), e.get("request_id")
+        if kind == "arrival":
+            arrived[rid] = float(e["t"]), e.get("model")
+        elif kind == "dispatch":
+            dispatched[rid] = float(e["t"])
+        elif kind == "end" and rid in arrived:
+            t_arrived, model = arrived.pop(rid)
+            if rid in dispatched:
+                calls.append((max(t_arrived, last_end.get(model, t_arrived)), dispatched.pop(rid), float(e["t"])))
+            last_end[model] = float(e["t"])
+    return calls
+
+
+def _without_waits(calls: list[tuple[float, float, float]], spans: list[tuple[float, float, int, bool]],
+                   node_calls: list[tuple[float, float]]):
+    """t -> t less the time before t in which the job waited for a device held by others: some
+    call of it ready and undispatched (`_device_calls`) while nothing of it ran (no call, node
+    function or transition of it); a monotone map of times (numpy arrays of them)."""
+    cut = np.asarray(_waits(calls, spans, node_calls), dtype=float).reshape(-1, 2)
+    starts, lengths = cut[:, 0], cut[:, 1] - cut[:, 0]
+    before = np.concatenate(([0.0], np.cumsum(lengths)))[:-1]  # cut out before each cut starts
+
+    def alone(t: np.ndarray) -> np.ndarray:
+        if not len(cut):
+            return t
+        last = np.searchsorted(starts, t, side="right") - 1  # the last cut starting at or before t
+        k = np.maximum(last, 0)
+        return t - np.where(last >= 0, before[k] + np.clip(t - starts[k], 0.0, lengths[k]), 0.0)
+    return alone
+
+
+def _waits(calls: list[tuple[float, float, float]], spans: list[tuple[float, float, int, bool]],
+           node_calls: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The stretches in which the job waited for a device held by others (`_without_waits`)."""
+    waiting = _union((ready, sent) for ready, sent, _ in calls)
+    running = _union([(sent, end) for _, sent, end in calls] + [(a, b) for a, b, _, _ in spans] + node_calls)
+    return _minus(waiting, running)
+
+
+def waited_s(events: Iterable[Mapping], job: str) -> float:
+    """Seconds in which `job` waited for a device held by others, over the whole log: what
+    `profile_from_events` cuts out of its steps (a runtime also waits so alone, for a few
+    microseconds of dispatch per call)."""
+    records = sorted((e for e in events if e.get("job") == job), key=lambda r: float(r["t"]))
+    if not records:
+        return 0.0
+    spans = _busy_intervals(records, float(records[-1]["t"]))
+    return sum(b - a for a, b in _waits(_device_calls(records), spans, _node_calls(records)))
+
+
+def _node_calls(records: list[Mapping]) -> list[tuple[float, float]]:
+    """(start, end) of the job's node functions (they run on the host: no device event)."""
+    started, out = {}, []
+    for e in records:
+        if e.get("event") == "start" and e.get("device") is None:
+            started[e.get("request_id")] = float(e["t"])
+        elif e.get("event") == "end" and e.get("request_id") in started:
+            out.append((started.pop(e.get("request_id")), float(e["t"])))
+    return out
+
+
+def _union(intervals) -> list[tuple[float, float]]:
+    """Sorted, disjoint union of (start, end) intervals (empty ones dropped)."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of union `a` outside union `b` (both sorted and disjoint)."""
+    out, j = [], 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        cur, k = start, j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def _phases(calls: list[tuple[float, float]]) -> int:
+    """How many groups of calls overlapping in time (a chain of overlaps is one group)."""
+    phases, reach = 0, -math.inf
+    for a, b in sorted(calls):
+        if a >= reach:
+            phases += 1
+        reach = max(reach, b)
+    return phases
 
 
 def _step_bounds(records: list[Mapping], job: str, last_steps: int | None) -> np.ndarray:
@@ -215,21 +354,22 @@ def held_s(transition: Mapping) -> float:
     return float(transition.get("seconds", 0.0)) - float(transition.get("hidden_s", 0.0))
 
 
-def _busy_intervals(records: list[Mapping], end_s: float) -> list[tuple[float, float, int]]:
-    """(start, end, device) of every busy period; a request still running is busy until `end_s`."""
+def _busy_intervals(records: list[Mapping], end_s: float) -> list[tuple[float, float, int, bool]]:
+    """(start, end, device, whether a request) of every busy period (records sorted by time);
+    a request still running is busy until `end_s`."""
     started: dict[object, tuple[float, int]] = {}
-    intervals: list[tuple[float, float, int]] = []
-    for e in sorted(records, key=lambda r: float(r["t"])):
+    intervals: list[tuple[float, float, int, bool]] = []
+    for e in records:
         kind, device = e.get("event"), e.get("device")
         if kind == "start" and device is not None:
             started[e.get("request_id")] = (float(e["t"]), int(device))
         elif kind == "end" and e.get("request_id") in started:
             t0, dev = started.pop(e.get("request_id"))
-            intervals.append((t0, float(e["t"]), dev))
+            intervals.append((t0, float(e["t"]), dev, True))
         elif kind == "transition" and device is not None and e.get("kind") in _DEVICE_TRANSITIONS:
             t0 = float(e["t"])
-            intervals.append((t0, t0 + held_s(e), int(device)))
-    intervals.extend((t0, max(t0, end_s), dev) for t0, dev in started.values())
+            intervals.append((t0, t0 + held_s(e), int(device), False))
+    intervals.extend((t0, max(t0, end_s), dev, True) for t0, dev in started.values())
     return intervals
 
 

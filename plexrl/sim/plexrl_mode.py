@@ -28,7 +28,7 @@ from functools import partial
 from typing import Callable
 
 from plexrl.policy import StepClock
-from plexrl.policy.admission import AdmissionQueue, measured_inflation
+from plexrl.policy.admission import AdmissionQueue, Forecast, measured_inflation
 from plexrl.policy.placement import PACKING_PAYS, FirstFit, Placement, Placer
 from plexrl.policy.profile import JobProfile
 from plexrl.policy.resources import ResourceView
@@ -175,29 +175,6 @@ class PlexRLMode(Mode):
 
     def waiting_reasons(self) -> dict[str, str]:
         return {w.profile.job: w.reason for w in self.admission.waiting}
-
-
-class Forecast:
-    """A placed job's predicted inflation as a step function of time, and its time average."""
-
-    def __init__(self, since: float):
-        self.since, self.last_t, self.value, self.area = since, since, 0.0, 0.0
-        self.shared = False
-        self.closed: float | None = None
-
-    def update(self, now: float, value: float, shared: bool) -> None:
-        self.area += self.value * (now - self.last_t)
-        self.last_t, self.value = now, value
-        self.shared = self.shared or shared
-
-    def close(self, now: float) -> None:
-        self.update(now, self.value, False)
-        self.closed = now
-
-    def mean(self, end: float) -> float:
-        stop = self.closed if self.closed is not None else end
-        area = self.area + (self.value * (stop - self.last_t) if self.closed is None else 0.0)
-        return area / (stop - self.since) if stop > self.since else self.value
 
 
 def first_fit(workload, cluster, policy) -> PlexRLMode:
