@@ -164,9 +164,15 @@ def test_a_refused_replacement_says_why():
     events = [{"t": float(t), "event": "step", "job": "guess"} for t in range(3)]
     events += [{"t": 0.0, "event": "start", "job": "guess", "request_id": 1, "device": 0},
                {"t": 2.0, "event": "end", "job": "guess", "request_id": 1, "device": 0}]  # busy all the time
-    assert placer.summary()["guess"]["replacement_refused"] is None
+    assert placer.summary(2.0)["guess"]["replacement_refused"] is None
     for step in (1, 2):
         assert placer.on_step("guess", lambda: events, models, now=float(step)) is None
-    placed = placer.summary()["guess"]
+    placed = placer.summary(2.0)["guess"]
     assert placed["provisional"] and placed["replacements"] == 1
     assert "slack" in placed["replacement_refused"], placed["replacement_refused"]
+    # it stays, and the placer holds what was measured of it there, not the guess
+    measured = placer.placer.profile_of("guess")
+    assert measured.slack == 0.1 and measured.period_s == pytest.approx(1.0) and measured.devices == 1
+    assert not placer.jobs["guess"].guessed
+    # no prediction to judge while its co-tenant is still a guess
+    assert placed["inflation_predicted"] is None

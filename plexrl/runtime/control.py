@@ -215,8 +215,9 @@ class Control:
     def summary(self) -> dict:
         """What a front's metrics() adds to its nodes': lost groups, recovery counts, placements,
         the clock and the migrations, in one call."""
-        return {"lost": dict(self._lost), "recovery": dict(self.recovery), "placements": self.placer.summary(),
-                "now": self.telemetry.now(), "migrations": self.migrations}
+        now = self.telemetry.now()
+        return {"lost": dict(self._lost), "recovery": dict(self.recovery), "placements": self.placer.summary(now),
+                "now": now, "migrations": self.migrations}
 
     def events(self, job: str | None = None) -> list[dict]:
         return job_events(self.telemetry.events.snapshot(), job)

@@ -7,7 +7,14 @@ adds — waiting callers, provisional placement, online profiling and re-placeme
   memory still has to fit. After `profile_steps` step boundaries its profile is measured from
   the event log and it is re-placed with its real slack; later it is re-placed whenever the
   measured profile drifts from the one it was placed with. A new group means a migration,
-  which the cluster carries out (spill on the old node, restore on the new one).
+  which the cluster carries out (spill on the old node, restore on the new one). A refused
+  re-placement leaves the job where it is, and the placer holds its measured profile there
+  (`Placer.reprofile`): later decisions rest on what the job does, not on the guess.
+- Profiles are measured with the job's waits for devices cut out (`profile_from_events`), and
+  the placer models the group's devices as a pool (`Placer(pooled=True)`), as the group
+  scheduler runs them. What it predicts for each job is kept over time (`Forecast`, while no
+  job of the group is on a guess) and reported as `inflation_predicted` next to the inflation
+  measured from the job's step times.
 - A placement's phase shift delays the job's start (or, when re-placed, its next step).
 """
 
@@ -25,6 +32,7 @@ from plexrl.policy import (
     MEASURED_STEPS,
     AdmissionQueue,
     FirstFit,
+    Forecast,
     JobProfile,
     ModelMemory,
     Placement,
@@ -54,6 +62,8 @@ class JobRecord:
     replacements: int = 0
     reason: str = ""  # the latest Wait reason while waiting
     refused: str = ""  # why its latest re-placement was refused ("" once one is taken)
+    guessed: bool = False  # `profile` is the provisional guess (no measured one held yet)
+    forecast: Forecast | None = None  # the placer's prediction for it over time, once its profile is measured
     history: list[str] = field(default_factory=list)
     step_marks: list[float] = field(default_factory=list)  # its latest step boundaries since it was (re-)placed
     measured: float | None = None  # its measured step inflation, as the placer was last told
@@ -63,7 +73,8 @@ class JobPlacer:
     def __init__(self, view: ResourceView, horizon_slots: int, slot_s: float, first_fit: bool,
                  profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = None):
         placer_cls = FirstFit if first_fit else Placer
-        self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s, pack_limit=pack_limit)
+        # pooled: the group scheduler runs a group's states on whichever of its devices is free
+        self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s, pack_limit=pack_limit, pooled=True)
         self.queue = AdmissionQueue(self.placer)
         self.slot_s = slot_s
         self.profile_steps = profile_steps
@@ -81,7 +92,7 @@ class JobPlacer:
             if profile.job in self.jobs and self.jobs[profile.job].placement is not None:
                 return self.jobs[profile.job].placement
             self._check_ever_fits(profile)
-            record = JobRecord(profile, slack, provisional=provisional)
+            record = JobRecord(profile, slack, provisional=provisional, guessed=provisional)
             self.jobs[profile.job] = record
             decision = self.queue.submit(profile, now())
             deadline = None if timeout is None else now() + timeout
@@ -100,6 +111,9 @@ class JobPlacer:
                     decision = Wait(next(w.reason for w in self.queue.waiting if w.profile.job == profile.job))
             record.placement = decision
             record.history.append(decision.group)
+            if not provisional:
+                record.forecast = Forecast(now())
+            self._forecast(decision.group, now())
             return decision
 
     def _check_ever_fits(self, profile: JobProfile) -> None:
@@ -116,8 +130,12 @@ class JobPlacer:
 
     def finish(self, job: str, now: float) -> None:
         with self._cond:
-            if job in self.jobs and self.jobs[job].placement is not None:
+            record = self.jobs.get(job)
+            if record is not None and record.placement is not None:
+                if record.forecast is not None:
+                    record.forecast.close(now)
                 self.queue.release(job, now)
+                self._forecast(record.placement.group, now)
             else:
                 self.queue.cancel(job)
             self._cond.notify_all()
@@ -165,8 +183,9 @@ class JobPlacer:
             self._observe(job, record, now)
             if record.steps_seen % self.profile_steps:
                 return None
+            log = events()
             try:
-                measured = profile_from_events(events(), job, self.slot_s, models, slack=record.slack,
+                measured = profile_from_events(log, job, self.slot_s, models, slack=record.slack,
                                                last_steps=self.profile_steps)
             except ValueError:
                 return None  # not enough step records to measure yet
@@ -174,24 +193,52 @@ class JobPlacer:
                 return None
             decision = self.placer.replace(measured, now)
             record.replacements += 1
-            if isinstance(decision, Wait):  # keeps its old place; measure again later
+            if isinstance(decision, Wait):  # it keeps its old place (measured again later), now known as it is
                 record.refused = decision.reason
+                here = len(record.placement.devices)  # what it has where it stays
+                if measured.devices != here:
+                    measured = profile_from_events(log, job, self.slot_s, models, devices=here, slack=record.slack,
+                                                   last_steps=self.profile_steps)
+                self.placer.reprofile(measured)
+                self._measured_now(record, measured, now)
+                self._forecast(record.placement.group, now)
                 return None
             record.refused = ""
-            moved = decision.group != record.placement.group
-            record.profile, record.placement, record.provisional = measured, decision, False
-            record.step_marks = [now]  # measured against its new profile from here on
+            old_group = record.placement.group
+            moved = decision.group != old_group
+            record.placement, record.provisional = decision, False
+            self._measured_now(record, measured, now)
             record.history.append(decision.group)
             if moved:
                 record.migrations += 1
+            self._forecast(old_group, now)
+            self._forecast(decision.group, now)
             return decision if moved or decision.phase_shift_s > 0 else None
+
+    def _measured_now(self, record: JobRecord, measured: JobProfile, now: float) -> None:
+        """`measured` is the profile the placer holds for the job from now on."""
+        record.profile = measured
+        record.step_marks = [now]  # measured against its new profile from here on
+        if record.guessed:  # its predictions count from its first measured profile
+            record.guessed, record.forecast = False, Forecast(now)
+
+    def _forecast(self, group: str, now: float) -> None:
+        """The jobs placed on `group` have new co-tenants or profiles: record what the placer now
+        predicts for each (a job on its guess has no prediction yet)."""
+        placed = self.placer.placements()
+        here = {job for job, p in placed.items() if p.group == group}
+        guessing = any(self.jobs[job].guessed for job in here if job in self.jobs)
+        for job in here:
+            forecast = self.jobs[job].forecast if job in self.jobs else None
+            if forecast is not None and forecast.closed is None:  # no prediction to judge while any is a guess
+                forecast.update(now, None if guessing else self.placer.inflation_of(job), len(here) > 1)
 
     def _observe(self, job: str, record: JobRecord, now: float) -> None:
         """Tell the placer the job's step inflation over its last MEASURED_STEPS steps against the
         period of the profile it was placed with (a provisional profile is a guess: not measured
         against), when it changed by a point or more."""
         record.step_marks = [*record.step_marks, now][-(MEASURED_STEPS + 1):]
-        if record.provisional or len(record.step_marks) <= MEASURED_STEPS:
+        if record.guessed or len(record.step_marks) <= MEASURED_STEPS:
             return
         inflation = measured_inflation(np.diff(record.step_marks).tolist(), record.profile.period_s)
         if record.measured != inflation:
@@ -199,7 +246,10 @@ class JobPlacer:
             self.placer.observe(job, inflation)
 
     # -- observability ----------------------------------------------------------------------------------
-    def summary(self) -> dict[str, dict]:
+    def summary(self, now: float) -> dict[str, dict]:
+        """Per job: where it is, why it waits or stays, and the placer's predicted step inflation:
+        at its placement (`inflation`) and averaged over its time placed with a measured profile
+        up to `now` or its end (`inflation_predicted`: what its realised slowdown compares to)."""
         with self._cond:
             delays = self.queue.queueing_delays()
             waiting = {w.profile.job: w.reason for w in self.queue.waiting}
@@ -212,6 +262,7 @@ class JobPlacer:
                     "phase_shift_s": None if p is None else p.phase_shift_s,
                     "score": None if p is None else p.score,
                     "inflation": None if p is None else p.inflation,
+                    "inflation_predicted": None if r.forecast is None else r.forecast.mean(now),
                     "measured_inflation": r.measured,
                     "provisional": r.provisional,
                     "replacement_refused": r.refused or None,  # why it stays where it is, when it does
