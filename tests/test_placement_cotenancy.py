@@ -43,8 +43,12 @@ WAITS = {
         job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 0.5)], 4 * 1.0 / 8),
     "a tenant on none of the devices does not count": (
         job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 0.0)], 0.0),
-    "two tenants add up": (
-        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 1.0), (job("c", BUSY, 3, 2.0), 1.0)], 4 * 3.0 / 8),
+    # without a, b waits for c: 3 x 2.0 / 8 = 75%, c for b 3 x 1.0 / 8 = 37.5%. a finds each mid-call
+    # (its residual thinned by that slowdown) or queued (75% / 175% of b's step, then b's whole 6 / 3 s
+    # phase; likewise c)
+    "two tenants add up, and one queued ahead is waited for whole": (
+        job("a", BUSY, 4, 1.0), [(job("b", BUSY, 3, 1.0), 1.0), (job("c", BUSY, 3, 2.0), 1.0)],
+        4 * (1.0 / 1.75 + 0.75 / 1.75 * 2.0 + 2.0 / 1.375 + 0.375 / 1.375 * 2.0) / 8),
     # busy 2 s each, idle stretch 6 s: they take turns and the faster one locks onto the slower's period
     "interleaving jobs lock onto the slower period": (
         job("a", SHORT, 2, 1.0), [(job("b", SHORT, 2, 1.0, period_s=10.0), 1.0)], 10.0 / 8 - 1),
@@ -98,11 +102,15 @@ def test_a_tenant_measured_past_its_slack_takes_nobody_onto_its_devices():
 
 def test_a_tenant_measured_under_its_prediction_makes_room():
     placer = Placer(view(), horizon_slots=64, slot_s=1.0)
-    placer.place(job("a", BUSY, 4, 0.1, slack=0.08), 0.0)
+    placer.place(job("a", BUSY, 4, 0.1, slack=0.14), 0.0)
     placer.place(job("b", BUSY, 4, 0.1, slack=1.0), 0.0)  # a predicted at 5%
-    third = job("c", BUSY, 4, 0.1, slack=1.0)  # would add 5% more: 10% > a's 8%
+    # with c, a finds b and c each mid-call (0.1 s thinned by the 5% they slow each other) or queued
+    # (5% / 105% of the time, then a whole 1.5 s phase): 4 x (2 x 0.1 / 1.05 + 2 x 0.05 / 1.05 x 1.5) / 8
+    with_c = 4 * (2 * 0.1 / 1.05 + 2 * 0.05 / 1.05 * 1.5) / 8
+    assert with_c == pytest.approx(1 / 6)
+    third = job("c", BUSY, 4, 0.1, slack=1.0)  # would add 11.7 points: 16.7% > a's 14%
     assert isinstance(placer.decide(third, 0.0), Wait)
-    placer.observe("a", 0.01)  # measured: 1%, so 1% + 5% fits its 8%
+    placer.observe("a", 0.01)  # measured: 1%, so 1% + 11.7% fits its 14%
     assert isinstance(placer.decide(third, 0.0), Placement)
 
 
