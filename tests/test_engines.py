@@ -132,11 +132,12 @@ def test_calls_of_one_model_run_in_submission_order(cluster, tiny_model):
 
 
 
-def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, tiny_model):
+def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, tiny_model, tmp_path):
     """Job B's snapshot is resident on device 0 while job A's long call runs there; B's next call
     goes to idle device 1 and runs at once: device 0's worker lets go of B's clean copy when A's
     call is done (node._offload_elsewhere), and that offload is booked then. Before, device 1
-    waited for device 0's worker (up to ~0.3 s a switch in `plexrl demo`)."""
+    waited for device 0's worker (up to ~0.3 s a switch in `plexrl demo`). A's call holds device 0
+    until the test opens a gate, so B's call can only end first if it did not wait for A's."""
     if cluster.engine == "ray":
         pytest.skip("holds a device through the node object, which the Ray engine keeps in its actor")
     group = cluster.nodes[0].target.group
@@ -144,25 +145,31 @@ def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, t
     sampler = cluster.service_client(job="resident-b").create_training_client(
         base_model=tiny_model, seed=0).save_weights_and_get_sampling_client()
     a = cluster.service_client(job="busy-a").create_training_client(base_model=tiny_model, seed=1)
+    gate = tmp_path / "a-may-end"  # a file: the loss runs in the device's worker, a process on some engines
 
     def long_loss(datums, logprobs):
-        time.sleep(4.0)  # A holds device 0 (a worker runs one call at a time)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not gate.exists() and time.monotonic() < deadline:  # A holds device 0 (one call at a time)
+            time.sleep(0.01)
         return sum(lp.sum() for lp in logprobs), {}
 
-    with group._cond:
-        group.hold([1])
     try:
-        sampler.compute_logprobs(prompt).result(TIMEOUT_S)  # B's snapshot: on device 0
-        a_call = a.forward_backward_custom([datum([5, 6, 7, 8])], long_loss)
-        dispatched = lambda: any(e["event"] == "dispatch" for e in cluster.events("busy-a"))  # noqa: E731
-        assert wait_for(dispatched), "A's call was not dispatched to device 0"
-    finally:
         with group._cond:
-            group.hold([1], held=False)
-    assert cluster.residency()[sampler.state.state_id] == "device:0"
-    sampler.compute_logprobs(prompt).result(TIMEOUT_S)
-    assert not a_call.done(), "B's call waited for A's call on the other device"
-    assert cluster.residency()[sampler.state.state_id] == "device:1"
+            group.hold([1])
+        try:
+            sampler.compute_logprobs(prompt).result(TIMEOUT_S)  # B's snapshot: on device 0
+            a_call = a.forward_backward_custom([datum([5, 6, 7, 8])], long_loss)
+            dispatched = lambda: any(e["event"] == "dispatch" for e in cluster.events("busy-a"))  # noqa: E731
+            assert wait_for(dispatched), "A's call was not dispatched to device 0"
+        finally:
+            with group._cond:
+                group.hold([1], held=False)
+        assert cluster.residency()[sampler.state.state_id] == "device:0"
+        sampler.compute_logprobs(prompt).result(TIMEOUT_S)
+        assert not a_call.done(), "B's call waited for A's call on the other device"
+        assert cluster.residency()[sampler.state.state_id] == "device:1"
+    finally:
+        gate.touch()
     a_call.result(TIMEOUT_S)
     offloads = lambda: [e for e in cluster.events("resident-b") if e["event"] == "transition"  # noqa: E731
                         and e["kind"] == "offload" and e["state"] == sampler.state.state_id and e["device"] == 0]
