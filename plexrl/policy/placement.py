@@ -698,8 +698,8 @@ class Placer:
         kept until the placements change (`_hold`, `release`): a queue retried on one release
         asks again for the same jobs."""
         if job not in self._cotenancy:
-            others = self._tenants(self._rows_of(self._placed[job]), exclude=job)
             rows = self._rows_of(self._placed[job])
+            others = self._tenants(rows, exclude=job)
             self._cotenancy[job] = others, self._call_inflation(self._placed[job].profile, others, rows)
         return self._cotenancy[job]
 
@@ -780,7 +780,7 @@ def _least_wait(job: JobProfile) -> float:
     (weights 1 / (1 + i) and i / (1 + i)), at least the smaller of the two."""
     if job.barriers <= 0:
         return job.residual_s
-    return min(job.residual_s, _busy_s(job) / job.barriers)
+    return min(job.residual_s, _mean_phase_s(job))
 
 
 def _queued_ahead(job: JobProfile, inflation: float) -> float:
@@ -788,7 +788,12 @@ def _queued_ahead(job: JobProfile, inflation: float) -> float:
     for a device, times its mean phase."""
     if job.barriers <= 0:
         return 0.0
-    return inflation / (1 + inflation) * _busy_s(job) / job.barriers
+    return inflation / (1 + inflation) * _mean_phase_s(job)
+
+
+def _mean_phase_s(job: JobProfile) -> float:
+    """Seconds of one of the job's phases on a device, on average (busy time per barrier)."""
+    return _busy_s(job) / job.barriers
 
 
 def pooled_inflation(profile: JobProfile, tenants, devices: int) -> float:
@@ -809,8 +814,8 @@ def pooled_inflation(profile: JobProfile, tenants, devices: int) -> float:
     for tenant in tenants:
         held = np.convolve(held, _occupancy(tenant))
     blocked = float(held[devices:].sum())
-    rest = 1.0 / sum(1.0 / _mean_rest_s(t) for t in tenants if _mean_rest_s(t) > 0) if any(
-        _mean_rest_s(t) > 0 for t in tenants) else 0.0
+    rests = [rest for rest in map(_mean_rest_s, tenants) if rest > 0]
+    rest = 1.0 / sum(1.0 / r for r in rests) if rests else 0.0
     return profile.barriers * blocked * rest / profile.period_s
 
 

@@ -172,7 +172,7 @@ def profile_from_events(
     """
     if slot_s <= 0:
         raise ValueError(f"slot_s must be > 0 seconds, got {slot_s}")
-    records = sorted((e for e in events if e.get("job") == job), key=lambda r: float(r["t"]))
+    records = _job_records(events, job)
     raw_bounds = _step_bounds(records, job, last_steps)
     records = _window(records, raw_bounds[0])
     calls = _device_calls(records)
@@ -196,6 +196,11 @@ def profile_from_events(
     return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack,
                       barriers=max(1, round(_phases(within) / len(durations))) if within else 0,
                       residual_s=squares / len(durations) / (2 * period) / n_devices)
+
+
+def _job_records(events: Iterable[Mapping], job: str) -> list[Mapping]:
+    """`job`'s records, sorted by time (what every helper below reads)."""
+    return sorted((e for e in events if e.get("job") == job), key=lambda r: float(r["t"]))
 
 
 def _window(records: list[Mapping], start_s: float) -> list[Mapping]:
@@ -259,7 +264,7 @@ def waited_s(events: Iterable[Mapping], job: str) -> float:
     """Seconds in which `job` waited for a device held by others, over the whole log: what
     `profile_from_events` cuts out of its steps (a runtime also waits so alone, for a few
     microseconds of dispatch per call)."""
-    records = sorted((e for e in events if e.get("job") == job), key=lambda r: float(r["t"]))
+    records = _job_records(events, job)
     if not records:
         return 0.0
     spans = _busy_intervals(records, float(records[-1]["t"]))
