@@ -282,8 +282,14 @@ REFUSALS = {
         view(groups=2), [job("a", BUSY, residual_s=1.0)], job("b", BUSY, residual_s=1.0), "search"),
     "tenants that take turns leave it to the search": (
         view(groups=1), [job("a", SHORT, residual_s=1.0)], job("b", SHORT, residual_s=1.0), "search"),
+    # 50% + 55% busy: waits of 4 x 0.1 / 20 = 2% each, stretched to the devices' capacity: 5%
     "short calls within slack leave it to the search": (
-        view(groups=1), [job("a", BUSY, residual_s=0.1)], job("b", BUSY, residual_s=0.1), "search"),
+        view(groups=1), [job("a", (2,) * 10 + (0,) * 10, residual_s=0.1)],
+        job("b", (2,) * 11 + (0,) * 9, residual_s=0.1), "search"),
+    # two jobs busy 75% each cannot both run within 10%, short calls or not
+    "near-always-busy tenants refuse however short the calls": (
+        view(groups=1), [job("a", BUSY, residual_s=0.1)], job("b", BUSY, residual_s=0.1),
+        "would slow job 'a' or another co-tenant"),
     "a newcomer that does not know its calls is searched (fluid model)": (
         view(groups=1), [job("a", BUSY, residual_s=1.0)], job("b", BUSY, barriers=0, residual_s=0.0), "search"),
     "a tenant that does not know its calls means a search": (
