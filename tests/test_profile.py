@@ -19,6 +19,7 @@ from plexrl.policy.profile import (
     profile_from_events,
     resample,
     waited_s,
+    window,
 )
 
 GiB = 2**30
@@ -278,3 +279,35 @@ def test_drift_of_a_shape_change_is_the_moved_busy_fraction():
     # one of two busy slots moved: half the busy time is elsewhere, counted at both ends
     assert drift(profile((2, 2, 0, 0)), profile((0, 2, 2, 0))) == pytest.approx(1.0)
     assert drift(profile((2, 0)), profile((2, 0), devices=3)) == math.inf
+
+
+# -- the window a runtime sends ------------------------------------------------------------------
+
+
+def long_call_log() -> list[dict]:
+    """Six 2 s steps; each step's calls, and one 5 s call of another model that spans steps 1-3."""
+    events = steps([0, 2, 4, 6, 8, 10, 12])
+    for k in range(6):
+        events += call(k, 0, 2 * k, 2 * k, 2 * k + 1)
+    events += call(99, 1, 2.5, 2.5, 7.5, model="critic")
+    return sorted(events, key=lambda e: e["t"])
+
+
+def test_a_window_keeps_the_earlier_records_of_requests_still_going():
+    events = long_call_log()
+    kept = window(events, 6.0)
+    assert all(e["t"] >= 6.0 or e["request_id"] == 99 for e in kept)
+    assert [e["event"] for e in kept if e.get("request_id") == 99] == ["arrival", "dispatch", "start", "end"]
+    assert not any(e.get("request_id") == 1 for e in kept)  # ended before the window
+    assert kept == [e for e in events if e in kept]  # in their order
+
+
+@pytest.mark.parametrize("last_steps", [1, 2, 3, 6])
+def test_profiling_the_last_steps_from_their_window_is_profiling_them_from_the_whole_log(last_steps):
+    events = long_call_log()
+    marks = sorted(e["t"] for e in events if e["event"] == "step")
+    since = marks[-(last_steps + 1)]
+    whole = profile_from_events(events, "j", 0.5, MODELS, last_steps=last_steps)
+    assert profile_from_events(window(events, since), "j", 0.5, MODELS, last_steps=last_steps) == whole
+    if last_steps < 6:
+        assert len(window(events, since)) < len(events)

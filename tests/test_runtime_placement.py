@@ -94,6 +94,26 @@ def test_profiles_are_measured_online_and_replace_the_guess(tiny_model):
     assert placed["provisional"] is False and placed["replacements"] >= 1
 
 
+def test_a_profile_reads_only_its_jobs_recent_window(tiny_model):
+    """What the runtime sends the placer for a profile (`events(job, since)`: the job's records
+    from the step mark `profile_steps` back) measures the same profile as the whole log."""
+    from plexrl.policy import profile_from_events
+
+    with plexrl.LocalCluster(nodes=1, devices_per_node=2, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB,
+                             profile_steps=2) as c:
+        rl_job(c, "job", tiny_model, seed=1, steps=5)
+        rl_job(c, "other", tiny_model, seed=2, steps=1)
+        whole = c.events("job")
+        marks = sorted(e["t"] for e in whole if e["event"] == "step")
+        since = marks[-3] - 1e-6
+        recent = c.events("job", since)
+        everything = c.events()
+    assert {e.get("job") for e in whole} == {"job"} and len(recent) < len(whole) < len(everything)
+    models = (ModelMemory("policy", MiB, MiB),)
+    assert (profile_from_events(recent, "job", 0.01, models, last_steps=2)
+            == profile_from_events(whole, "job", 0.01, models, last_steps=2))
+
+
 def test_migration_moves_states_and_changes_no_result(tiny_model):
     def run(migrate: bool):
         with plexrl.LocalCluster(nodes=2, devices_per_node=1, device_memory_bytes=64 * MiB,

@@ -174,7 +174,7 @@ def profile_from_events(
         raise ValueError(f"slot_s must be > 0 seconds, got {slot_s}")
     records = _job_records(events, job)
     raw_bounds = _step_bounds(records, job, last_steps)
-    records = _window(records, raw_bounds[0])
+    records = window(records, raw_bounds[0])
     calls = _device_calls(records)
     spans = _busy_intervals(records, end_s=raw_bounds[-1])
     alone = _without_waits(calls, spans, _node_calls(records))
@@ -203,13 +203,14 @@ def _job_records(events: Iterable[Mapping], job: str) -> list[Mapping]:
     return sorted((e for e in events if e.get("job") == job), key=lambda r: float(r["t"]))
 
 
-def _window(records: list[Mapping], start_s: float) -> list[Mapping]:
-    """The records (sorted by time) from `start_s` on, and the earlier ones of requests still
-    going then: what steps from `start_s` on are measured from. Waits cut out before it move
-    every time alike, so they change nothing."""
-    first = next((i for i, e in enumerate(records) if float(e["t"]) >= start_s), len(records))
-    later = {e.get("request_id") for e in records[first:]} - {None}
-    return [e for e in records[:first] if e.get("request_id") in later] + records[first:]
+def window(records: list[Mapping], start_s: float) -> list[Mapping]:
+    """The records from `start_s` on, and the earlier ones of requests that have records from
+    then on (requests still going then), in their order: what steps from `start_s` on are
+    measured from. Waits cut out before it move every time alike, so they change nothing.
+    Profiling the steps from `start_s` on from `window(records)` is profiling them from
+    `records` (tested), so a runtime sends only the window."""
+    later = {e.get("request_id") for e in records if float(e["t"]) >= start_s} - {None}
+    return [e for e in records if float(e["t"]) >= start_s or e.get("request_id") in later]
 
 
 def _device_calls(records: list[Mapping]) -> list[tuple[float, float, float]]:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from plexrl.policy import JobProfile, ResourceView
-from plexrl.runtime.events import EventLog, job_events
+from plexrl.runtime.events import EventLog
 from plexrl.runtime.job_placer import JobPlacer, admit_and_route, route_migration
 from plexrl.runtime.router import Router
 from plexrl.runtime.telemetry import Telemetry
@@ -58,6 +59,7 @@ class Control:
         self.handles: dict[str, object] = {}  # state id -> StateHandle
         self.checkpoints: dict[str, Checkpoint] = {}
         self.steps: dict[str, int] = {}
+        self._step_times: dict[str, deque] = {}  # a job's last profile_steps + 1 step marks: its profile's window
         self.started: dict[str, float] = {}
         self.recovery_points: dict[str, dict] = {}
         self.recovery = {"node_losses": 0, "restored_from_checkpoint": 0, "restored_from_base": 0, "lost_work_s": 0.0}
@@ -122,6 +124,7 @@ class Control:
         self.placer.finish(job, self.telemetry.now())
         with self._lock:
             self._owners.pop(job, None)
+            self._step_times.pop(job, None)
         return mine
 
     def on_step(self, job: str, models: list, events: list[dict] | None) -> tuple[int, float] | None:
@@ -164,13 +167,20 @@ class Control:
         """A save_state completed: the model's latest checkpoint, at the job's last step mark."""
         self.checkpoints[state_id] = Checkpoint(path, with_optimizer, self.telemetry.now(), self.steps.get(job))
 
-    def step(self, job: str, step: int, fields: dict) -> tuple[bool, int | None, float | None]:
+    def step(self, job: str, step: int, fields: dict) -> tuple[bool, float | None, int | None, float | None]:
         """A job's step mark (profiles are measured from these events): (whether the placer wants
-        the job's events at this boundary (its profile is due), the job's node group and its
+        the job's events at this boundary (its profile is due), the time its events are wanted
+        from (the step mark `profile_steps` steps back; None: all), the job's node group and its
         slack, for the group's scheduler; None when it is not placed)."""
         self.steps[job] = step
-        self.telemetry.events.emit(self.telemetry.now(), "step", job=job, step=step, **fields)
-        return self.placer.profile_due(job), self.router.placement(job), self.placer.slack_of(job)
+        now = self.telemetry.now()
+        self.telemetry.events.emit(now, "step", job=job, step=step, **fields)
+        with self._lock:
+            times = self._step_times.setdefault(job, deque(maxlen=self.placer.profile_steps + 1))
+            times.append(now)
+            # a microsecond early: the record keeps its time rounded to 1 ns, and earlier records change nothing
+            since = times[0] - 1e-6 if len(times) == times.maxlen else None
+        return self.placer.profile_due(job), since, self.router.placement(job), self.placer.slack_of(job)
 
     def _handles_of(self, job: str) -> list:
         with self._lock:
@@ -219,5 +229,5 @@ class Control:
         return {"lost": dict(self._lost), "recovery": dict(self.recovery), "placements": self.placer.summary(now),
                 "now": now, "migrations": self.migrations}
 
-    def events(self, job: str | None = None) -> list[dict]:
-        return job_events(self.telemetry.events.snapshot(), job)
+    def events(self, job: str | None = None, since: float | None = None) -> list[dict]:
+        return self.telemetry.events.snapshot(job, since)

@@ -1,7 +1,9 @@
 """The event log: one JSON object per request arrival, dispatch, start, end and per transition.
 
 Times are seconds since the cluster started. Kept in memory (for `cluster.events()` and online
-profiling) and, when a path is given, appended to a JSON-lines file as they happen.
+profiling) and, when a path is given, appended to a JSON-lines file as they happen. Each job's
+records are also kept on their own, so what one job's profile reads (`snapshot(job, since)`)
+costs that job's records, not every tenant's, and only its recent window travels.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ import json
 import threading
 from pathlib import Path
 
+from plexrl.policy.profile import window
+
 
 class EventLog:
     def __init__(self, path: str | Path | None = None):
         self._events: list[dict] = []
+        self._by_job: dict[str, list[dict]] = {}
         self._lock = threading.Lock()
         self.path = Path(path) if path is not None else None
         self._file = None
@@ -22,15 +27,24 @@ class EventLog:
         record = {"t": round(t, 9), "event": event, **fields}
         with self._lock:
             self._events.append(record)
+            job = fields.get("job")
+            if isinstance(job, str):
+                self._by_job.setdefault(job, []).append(record)
             if self.path is not None:
                 if self._file is None:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: tail -f works
                 self._file.write(json.dumps(record) + "\n")
 
-    def snapshot(self) -> list[dict]:
+    def snapshot(self, job: str | None = None, since: float | None = None) -> list[dict]:
+        """The records kept (`job`'s only, when given). `since` (with `job`): its records from
+        `since` on and the earlier ones of its requests that have records from then on, what
+        a profile of the steps from `since` on reads (`profile.window`)."""
         with self._lock:
-            return list(self._events)
+            if job is None:
+                return list(self._events)
+            records = list(self._by_job.get(job, ()))
+        return records if since is None else window(records, since)
 
     def write(self, path: str | Path) -> Path:
         return write_jsonl(self.snapshot(), path)
@@ -40,11 +54,6 @@ class EventLog:
             if self._file is not None:
                 self._file.close()
                 self._file = None
-
-
-def job_events(records: list[dict], job: str | None) -> list[dict]:
-    """The records of `job` (all of them when `job` is None)."""
-    return records if job is None else [r for r in records if r.get("job") == job]
 
 
 def write_jsonl(records: list[dict], path: str | Path) -> Path:

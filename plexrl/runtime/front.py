@@ -372,11 +372,11 @@ class Front(NodeRecovery):
     def report_step(self, job: str, step: int, **fields) -> None:
         """A job's step boundary: logged, a checkpoint every `checkpoint_every_steps` steps
         (recovery.py), and the placer's look at its measured profile (`_replace`)."""
-        profile_due, group, slack = self._ask("step", job, step, fields)
+        profile_due, since, group, slack = self._ask("step", job, step, fields)
         if group is not None and slack is not None:
             self._mark_on_node(group, job, slack)
         self._step_mark(job, step)
-        self._replace(job, profile_due)
+        self._replace(job, profile_due, since)
 
     def _mark_on_node(self, group: int, job: str, slack: float) -> None:
         """The job's group scheduler starts counting its next step's waits against `slack`; a
@@ -387,11 +387,12 @@ class Front(NodeRecovery):
             if not remote.is_gone(exc):
                 raise
 
-    def _replace(self, job: str, profile_due: bool) -> None:
-        """Re-placement from the job's measured profile (every `profile_steps` steps): when the
-        placer moves it, the job migrates here, between its steps, and resumes on its new phase."""
+    def _replace(self, job: str, profile_due: bool, since: float | None) -> None:
+        """Re-placement from the job's measured profile (every `profile_steps` steps, from its
+        events since `since`): when the placer moves it, the job migrates here, between its
+        steps, and resumes on its new phase."""
         models = self._memory([h for h in list(self._handles.values()) if h.job == job and not h.is_snapshot])
-        events = self.events(job) if profile_due else None
+        events = self.events(job, since) if profile_due else None
         decided = self._ask("on_step", job, models, events)
         if decided is None:
             return
@@ -448,10 +449,11 @@ class Front(NodeRecovery):
         """Where each state is: 'device:N', 'host' or 'disk'."""
         return {sid: tier for n in self.live_nodes() for sid, tier in remote.get(n.summary.remote())["residency"].items()}
 
-    def events(self, job: str | None = None) -> list[dict]:
-        """The cluster's events on one time axis (only `job`'s when given: filtered where they live)."""
-        merged = self._ask("events", job)
-        for part in remote.get([n.events.remote(job) for n in self.live_nodes()]):
+    def events(self, job: str | None = None, since: float | None = None) -> list[dict]:
+        """The cluster's events on one time axis (only `job`'s when given: filtered where they live;
+        with `since`, only what a profile of its steps from `since` on reads: `EventLog.snapshot`)."""
+        merged = self._ask("events", job, since)
+        for part in remote.get([n.events.remote(job, since) for n in self.live_nodes()]):
             merged += part
         return sorted(merged, key=lambda e: e["t"])
 

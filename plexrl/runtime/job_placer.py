@@ -173,7 +173,7 @@ class JobPlacer:
         """Called at a job's step boundary. The closed loop: once the job has run MEASURED_STEPS
         steps where it is, the placer is told its measured step inflation (`Placer.observe`;
         admission judges its group's room by it). Every `profile_steps` steps the job's profile
-        is measured from `events()` (read only then: it is the whole log). Returns a new
+        is measured from `events()` (read only then: the job's records of the steps it measures). Returns a new
         placement when the job must move."""
         with self._cond:
             record = self.jobs.get(job)

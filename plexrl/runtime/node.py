@@ -45,7 +45,7 @@ from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
 from plexrl.runtime import functions, lora, precision, remote
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.device_worker import NotResident, StateSpec, WorkerReply, WorkerStep
-from plexrl.runtime.events import EventLog, job_events
+from plexrl.runtime.events import EventLog
 from plexrl.runtime.host_buffers import SharedHostBuffers, sweep_stale
 from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
 from plexrl.runtime.state import FLOAT_BYTES, ModelState, load_module, skeleton_like
@@ -584,8 +584,8 @@ class Node:
                 "activation_reserve_of": beside.reserve_of, "engine_bytes": beside.engine_bytes,
                 "shared_bytes": beside.shared_bytes, "state_bytes": min(arena.capacity_bytes, self.sm.arena_bytes())}
 
-    def events(self, job: str | None = None) -> list[dict]:
-        return job_events(self.telemetry.events.snapshot(), job)
+    def events(self, job: str | None = None, since: float | None = None) -> list[dict]:
+        return self.telemetry.events.snapshot(job, since)
 
     def where(self) -> str:
         """The Ray node id this node runs on (affinity checks; Ray engine only)."""
