@@ -127,6 +127,21 @@ def test_prefetch_changes_no_result_and_is_counted(tiny_model, engine):
     assert all(0 <= e["hidden_s"] <= e["seconds"] + 1e-9 for e in hidden)
 
 
+@pytest.mark.parametrize("start, end, function_end, exposed", [
+    (0.0, 1.0, 2.0, 0.0),  # the function outlasted the copy: all of it hidden
+    (0.0, 3.0, 2.0, 1.0),  # the copy ran on past the function's end by 1 s
+    (2.5, 3.0, 2.0, 0.5),  # its thread started after the function ended: nothing hidden, only 0.5 s long
+])
+def test_the_exposed_part_of_a_prefetch_is_what_the_function_did_not_overlap(start, end, function_end, exposed):
+    from concurrent.futures import Future
+
+    from plexrl.runtime.cuda import Ahead
+
+    copy = Future()
+    copy.set_result((start, end))
+    assert Ahead(future=copy).wait(function_end, None) == pytest.approx((end - start, exposed))
+
+
 def test_prefetch_false_is_checked():
     from plexrl.engines.local import LocalCluster
 

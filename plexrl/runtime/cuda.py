@@ -185,7 +185,9 @@ class Streams:
 class Ahead:
     """A prefetch in flight (`Streams.load_ahead`): `wait(function_end_s, function)` once the
     function it overlaps has been issued gives (the copy's seconds, the part of them the function
-    did not hide: from the function's end to the copy's end, or 0)."""
+    did not hide: from the function's end, or the copy's start if later, to the copy's end, or 0;
+    a copy that started after the function ended hid nothing, and is not exposed for longer
+    than it took)."""
 
     def __init__(self, future: Future | None = None, span: Span | None = None):
         self._future, self._span = future, span
@@ -193,10 +195,11 @@ class Ahead:
     def wait(self, function_end_s: float, function: Span) -> tuple[float, float]:
         if self._future is not None:  # CPU: host clocks, from the copy's thread
             start, end = self._future.result()
-            return end - start, max(0.0, end - function_end_s)
+            return end - start, max(0.0, end - max(start, function_end_s))
         self._span.end.synchronize()
         function.end.synchronize()
-        return self._span.seconds(), max(0.0, function.end.elapsed_time(self._span.end) / 1e3)
+        seconds = self._span.seconds()
+        return seconds, min(seconds, max(0.0, function.end.elapsed_time(self._span.end) / 1e3))
 
 
 def _timed_copy(region: torch.Tensor, host: torch.Tensor) -> tuple[float, float]:
