@@ -42,6 +42,7 @@ print("ok")
     ({"threads_per_device": True}, "threads_per_device=True; expected a positive integer"),
     ({"workdir": ""}, "workdir=''; expected a path"),
     ({"pack_limit": -0.1}, r"pack_limit=-0.1; expected None \(each job's own slack\) or a fraction"),
+    ({"events_kept": 0}, r"events_kept=0; expected None \(every record\) or a positive integer"),
     ({"device_memory": 5}, r"unknown cluster setting\(s\) \['device_memory'\]"),
 ])
 def test_one_config_names_the_bad_setting(settings, message):

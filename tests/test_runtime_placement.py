@@ -114,6 +114,16 @@ def test_a_profile_reads_only_its_jobs_recent_window(tiny_model):
             == profile_from_events(whole, "job", 0.01, models, last_steps=2))
 
 
+def test_events_kept_bounds_every_log_and_profiles_still_run(tiny_model):
+    with plexrl.LocalCluster(nodes=1, devices_per_node=2, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB,
+                             profile_steps=2, events_kept=120) as c:
+        rl_job(c, "job", tiny_model, seed=1, steps=8)  # ~33 records a step
+        kept = c.events()
+        placed = c.metrics()["placement"]["job"]
+    assert 0 < len(kept) <= 2 * 120  # the node's log and the control plane's, each at most 120
+    assert placed["provisional"] is False and placed["replacements"] >= 1
+
+
 def test_migration_moves_states_and_changes_no_result(tiny_model):
     def run(migrate: bool):
         with plexrl.LocalCluster(nodes=2, devices_per_node=1, device_memory_bytes=64 * MiB,

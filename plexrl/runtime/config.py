@@ -42,6 +42,9 @@ class ClusterConfig:
     checkpoint_dir: str | None = None  # default: WORKDIR/checkpoints
     checkpoint_every_steps: int = 0  # 0: only the job's own save_state calls
     event_log: str | None = None  # a JSON-lines file of every event, written as they happen
+    # Records each event log (the control plane's, each node's) keeps in memory for cluster.events()
+    # and profiles; past it the oldest half goes (event_log keeps them all). None: every record.
+    events_kept: int | None = None
     max_sampled_tokens: int = 1 << 16  # per sample call: num_samples x (prompt + max_tokens)
     # Device memory a function needs beyond its state, per device: None measures it for each base model
     # (runtime/activation.py) on a reference batch of activation_probe_tokens tokens (None: one sequence
@@ -69,6 +72,8 @@ class ClusterConfig:
         _check("slot_s", self.slot_s, isinstance(self.slot_s, (int, float)) and self.slot_s > 0,
                "a positive number of seconds")
         _check("prefetch", self.prefetch, isinstance(self.prefetch, bool), "True or False")
+        _check("events_kept", self.events_kept, self.events_kept is None or (
+            _is_int(self.events_kept) and self.events_kept >= 1), "None (every record) or a positive integer")
         _check("pack_limit", self.pack_limit, self.pack_limit is None or (
             isinstance(self.pack_limit, (int, float)) and not isinstance(self.pack_limit, bool) and self.pack_limit >= 0),
             "None (each job's own slack) or a fraction of a step >= 0, e.g. 0.33")

@@ -49,7 +49,7 @@ class Control:
         here (arrays that crossed a process boundary may arrive read-only, and the placer updates it)."""
         self.description = description  # what an attaching front needs: settings, nodes, paths
         config = description.config
-        self.telemetry = Telemetry(EventLog(config.event_log), epoch=epoch)
+        self.telemetry = Telemetry(EventLog(config.event_log, config.events_kept), epoch=epoch)
         view = ResourceView.uniform(pods=1, groups_per_pod=config.nodes, nodes_per_group=1,
                                     devices_per_node=config.devices_per_node, device_bytes=config.device_memory_bytes,
                                     host_bytes=config.host_memory_bytes)

@@ -3,22 +3,28 @@
 Times are seconds since the cluster started. Kept in memory (for `cluster.events()` and online
 profiling) and, when a path is given, appended to a JSON-lines file as they happen. Each job's
 records are also kept on their own, so what one job's profile reads (`snapshot(job, since)`)
-costs that job's records, not every tenant's, and only its recent window travels.
+costs that job's records, not every tenant's, and only its recent window travels. With `keep`
+(a service that runs for days), memory holds at most that many records: past it the oldest half
+goes, from the whole log and from each job's records alike; the file keeps every record.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from pathlib import Path
 
 from plexrl.policy.profile import window
 
 
 class EventLog:
-    def __init__(self, path: str | Path | None = None):
+    def __init__(self, path: str | Path | None = None, keep: int | None = None):
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be None (every record) or a positive number of records, got {keep}")
         self._events: list[dict] = []
         self._by_job: dict[str, list[dict]] = {}
+        self.keep = keep
         self._lock = threading.Lock()
         self.path = Path(path) if path is not None else None
         self._file = None
@@ -30,11 +36,25 @@ class EventLog:
             job = fields.get("job")
             if isinstance(job, str):
                 self._by_job.setdefault(job, []).append(record)
+            if self.keep is not None and len(self._events) > self.keep:
+                self._forget_oldest(len(self._events) - max(1, self.keep // 2))
             if self.path is not None:
                 if self._file is None:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     self._file = self.path.open("a", encoding="utf-8", buffering=1)  # line-buffered: tail -f works
                 self._file.write(json.dumps(record) + "\n")
+
+    def _forget_oldest(self, n: int) -> None:
+        """Drop the `n` oldest records (in the order they came): each job's list loses as many of
+        its first ones as it had among them. Amortised O(1) a record: it runs once per keep / 2."""
+        gone = Counter(r.get("job") for r in self._events[:n])
+        del self._events[:n]
+        for job, count in gone.items():
+            mine = self._by_job.get(job) if isinstance(job, str) else None
+            if mine is not None:
+                del mine[:count]
+                if not mine:
+                    del self._by_job[job]
 
     def snapshot(self, job: str | None = None, since: float | None = None) -> list[dict]:
         """The records kept (`job`'s only, when given). `since` (with `job`): its records from

@@ -79,7 +79,7 @@ class Front(NodeRecovery):
                 group, list(mine), mine, config.device_memory_bytes, config.host_memory_bytes, config.policy,
                 str(workdir), str(node_folder(self.name, group)), epoch, config.event_log, config.prefetch,
                 precision.resolve(config.precision, torch_device), config.activation_reserve_bytes,
-                config.activation_probe_tokens)))
+                config.activation_probe_tokens, config.events_kept)))
         remote.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in nodes])
         description = Description(config, tuple(node_ids), str(workdir),
                                   config.checkpoint_dir or str(workdir / "checkpoints"))

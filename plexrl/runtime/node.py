@@ -84,7 +84,8 @@ class Node:
     def __init__(self, node: int, devices: list[int], workers: dict, device_memory_bytes: int,
                  host_memory_bytes: int, policy: str, workdir: str, shm_folder: str, epoch: float,
                  event_log: str | None = None, prefetch: bool = True, precision: str = "fp32",
-                 activation_reserve_bytes: int | None = None, activation_probe_tokens: int | None = None):
+                 activation_reserve_bytes: int | None = None, activation_probe_tokens: int | None = None,
+                 events_kept: int | None = None):
         """`precision`: "fp32" or "bf16", or "auto" when the front could not tell what the workers
         run on (Ray): the first state's making asks them (runtime/precision.py).
         `activation_reserve_bytes`: every model's reserve (None: the workers measure it on a batch of
@@ -94,7 +95,7 @@ class Node:
         self.precision = precision
         self.workers = workers  # device index -> DeviceWorker handle
         import transformers.models.auto.modeling_auto  # noqa: F401  (see DeviceWorker.__init__)
-        self.telemetry = Telemetry(EventLog(event_log), epoch=epoch)  # the front's time axis
+        self.telemetry = Telemetry(EventLog(event_log, events_kept), epoch=epoch)  # the front's time axis
         arenas = {d: DeviceArena(d, device_memory_bytes) for d in devices}  # budgets only: never allocated here
         sweep_stale()  # what dead drivers left on this machine
         self.buffers = SharedHostBuffers(shm_folder)

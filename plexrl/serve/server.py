@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds without a heartbeat after which a session is finished")
     parser.add_argument("--poll-hold", type=float, default=25.0, help="seconds a retrieve_future poll is held")
     parser.add_argument("--max-body-mib", type=int, default=64)
+    parser.add_argument("--events-kept", type=int, default=1_000_000, metavar="N",
+                        help="event records each event log keeps in memory (past it the oldest half goes); "
+                        "a server runs for days, and every request logs a few")
     return parser
 
 
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = stack.enter_context(engines.open_cluster(
             args.engine, args.devices, device_memory_bytes=args.device_memory_mib << 20,
             host_memory_bytes=args.host_memory_mib << 20, checkpoint_dir=str(state_dir / "scratch-checkpoints"),
-            torch_device=args.device, precision=args.precision))
+            torch_device=args.device, precision=args.precision, events_kept=args.events_kept))
         store = Store(state_dir)
         stack.callback(store.close)
         service = Service(cluster, store, models, tenants, limits)
