@@ -201,6 +201,9 @@ POOLED = {
     "a third waits while both others run": (one("a", 5), [one("b", 5), one("c", 5)], 2, 5 * 0.25 * 0.25 / 10),
     # one device: a waits whenever b runs (half the time), for the rest of b's 2 s calls (1 s)
     "one device": (one("a", 5), [one("b", 5, call_s=2.0)], 1, 5 * 0.5 * 1.0 / 10),
+    # each waits 9 x (0.9 x 0.9) x 0.25 / 10 = 18%, but 3 x 90% busy / 1.18 would be 2.28 devices
+    # of 2: held to the pool, 2.7 / 2 - 1
+    "three near-always-busy jobs are held to two devices": (one("a", 9), [one("b", 9), one("c", 9)], 2, 2.7 / 2 - 1),
 }
 
 

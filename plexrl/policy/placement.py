@@ -775,17 +775,18 @@ def _inflations(jobs: tuple[JobProfile, ...], memo: dict) -> list[float]:
             without = _inflations(others, memo)  # the others as x finds them
             wait = sum(t.residual_s / (1 + i) + _queued_ahead(t, i) for t, i in zip(others, without))
             out.append(job.barriers * wait / job.period_s)
-    memo[key] = _conserving(jobs, out)
+    memo[key] = _conserving([_busy_s(j) / j.period_s for j in jobs], out, 1.0)
     return memo[key]
 
 
-def _conserving(jobs: tuple[JobProfile, ...], inflations: list[float]) -> list[float]:
-    """`inflations` of `jobs` on the same devices, raised where the devices would have to run
-    more than all the time: each job keeps its devices busy for the share b / (1 + i) of its
-    slowed step, and those shares cannot sum past 1. Past it every (1 + i) is stretched by the
-    same factor, their sum, so the shares sum to 1 (two math-7b, 96% busy each, run at ~92%
-    inflation or more, where the waits alone gave 87%)."""
-    load = sum(_busy_s(j) / (j.period_s * (1.0 + i)) for j, i in zip(jobs, inflations))
+def _conserving(busy: list[float], inflations: list[float], capacity: float) -> list[float]:
+    """`inflations` of jobs that keep `busy` devices busy alone (on average; each on the same
+    devices, or a pool of `capacity`), raised where the devices would have to run more than all
+    the time: slowed, a job keeps b / (1 + i) of them busy, and those cannot sum past `capacity`.
+    Past it every (1 + i) is stretched by the same factor, the sum over `capacity`, so they sum
+    to it (two math-7b, 96% busy each, run at ~92% inflation or more, where the waits alone
+    gave 87%)."""
+    load = sum(b / (1.0 + i) for b, i in zip(busy, inflations)) / capacity
     if load <= 1.0:
         return inflations
     return [(1.0 + i) * load - 1.0 for i in inflations]
@@ -823,9 +824,20 @@ def pooled_inflation(profile: JobProfile, tenants, devices: int) -> float:
     free, the rest of a call of mean `_mean_rest_s` each, as if memoryless (the least of
     several residuals: 1 / sum 1/rest). Two one-call-at-a-time jobs on two devices never wait
     for each other; a third waits only while both others run. First order as `wait_inflation`
-    (a phase that needs several devices is taken to wait for one)."""
+    (a phase that needs several devices is taken to wait for one). The jobs together are held to
+    the pool's capacity (`_conserving`: three jobs busy 90% each run 35% slow on two devices or
+    more, whatever their waits)."""
     tenants = [t for t in tenants if t.busy_device_s > 0]
     if not tenants or profile.barriers <= 0:
+        return 0.0
+    jobs = [profile, *tenants]
+    waits = [_pooled_wait(job, jobs[:k] + jobs[k + 1:], devices) for k, job in enumerate(jobs)]
+    return _conserving([j.busy_device_s / j.period_s for j in jobs], waits, float(devices))[0]
+
+
+def _pooled_wait(profile: JobProfile, tenants: list[JobProfile], devices: int) -> float:
+    """`pooled_inflation`'s wait of `profile`'s job for `tenants` (busy ones) to free a device."""
+    if profile.barriers <= 0:
         return 0.0
     held = np.ones(1)  # held[n]: chance the co-tenants hold n devices at a random moment
     for tenant in tenants:
