@@ -784,8 +784,7 @@ def _conserving(busy: list[float], inflations: list[float], capacity: float) -> 
     devices, or a pool of `capacity`), raised where the devices would have to run more than all
     the time: slowed, a job keeps b / (1 + i) of them busy, and those cannot sum past `capacity`.
     Past it every (1 + i) is stretched by the same factor, the sum over `capacity`, so they sum
-    to it (two math-7b, 96% busy each, run at ~92% inflation or more, where the waits alone
-    gave 87%)."""
+    to it (two jobs busy 75% each run 50% slow or more, however short their calls)."""
     load = sum(b / (1.0 + i) for b, i in zip(busy, inflations)) / capacity
     if load <= 1.0:
         return inflations
