@@ -760,18 +760,20 @@ def _inflations(jobs: tuple[JobProfile, ...], memo: dict) -> list[float]:
     key = tuple(id(job) for job in jobs)  # the profiles live through the one top-level call
     if key in memo:
         return memo[key]
-    out = []
-    for x, job in enumerate(jobs):
-        others = jobs[:x] + jobs[x + 1:]
-        if not others:
-            out.append(0.0)
-        elif len(others) == 1:
-            out.append(_pair_inflations(job, others[0])[0])
-        elif _interleave(job, list(others)):
-            out.append(max(max(0.0, t.period_s / job.period_s - 1.0) for t in others))
-        elif len(others) > _QUEUED_TENANTS:
-            out.append(job.barriers * sum(t.residual_s for t in others) / job.period_s)
-        else:
+    if len(jobs) == 1:
+        out = [0.0]
+    elif len(jobs) == 2:
+        out = list(_pair_inflations(*jobs))
+    elif _interleave(jobs[0], list(jobs[1:])):  # the same for every job of the set
+        slowest = max(job.period_s for job in jobs)
+        out = [max(0.0, slowest / job.period_s - 1.0) for job in jobs]
+    else:
+        out = []
+        for x, job in enumerate(jobs):
+            others = jobs[:x] + jobs[x + 1:]
+            if len(others) > _QUEUED_TENANTS:
+                out.append(job.barriers * sum(t.residual_s for t in others) / job.period_s)
+                continue
             without = _inflations(others, memo)  # the others as x finds them
             wait = sum(t.residual_s / (1 + i) + _queued_ahead(t, i) for t, i in zip(others, without))
             out.append(job.barriers * wait / job.period_s)

@@ -50,20 +50,18 @@ class EventLog:
         gone = Counter(r.get("job") for r in self._events[:n])
         del self._events[:n]
         for job, count in gone.items():
-            mine = self._by_job.get(job) if isinstance(job, str) else None
+            mine = self._by_job.get(job)  # None for records without a job
             if mine is not None:
                 del mine[:count]
                 if not mine:
                     del self._by_job[job]
 
     def snapshot(self, job: str | None = None, since: float | None = None) -> list[dict]:
-        """The records kept (`job`'s only, when given). `since` (with `job`): its records from
-        `since` on and the earlier ones of its requests that have records from then on, what
-        a profile of the steps from `since` on reads (`profile.window`)."""
+        """The records kept (`job`'s only, when given); with `since`, those from `since` on and
+        the earlier ones of requests that have records from then on, what a profile of the steps
+        from `since` on reads (`profile.window`)."""
         with self._lock:
-            if job is None:
-                return list(self._events)
-            records = list(self._by_job.get(job, ()))
+            records = list(self._events if job is None else self._by_job.get(job, ()))
         return records if since is None else window(records, since)
 
     def write(self, path: str | Path) -> Path:
