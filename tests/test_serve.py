@@ -350,7 +350,8 @@ def test_a_session_without_heartbeats_is_finished(world, tiny_model):
         job_states = lambda: [s for s in world["cluster"].residency() if s.startswith(session)]  # noqa: E731
         assert job_states()
         for _ in range(100):  # no heartbeats from here on: the reaper finishes it after 1 s
-            if service.sessions[session].finished:
+            # `finished` is set as finishing starts (no new calls get in), its states go right after
+            if service.sessions[session].finished and not job_states():
                 break
             threading.Event().wait(0.1)
         assert service.sessions[session].finished
