@@ -234,21 +234,25 @@ def test_reprofile_keeps_the_place_and_judges_by_the_new_profile():
         placer.reprofile(replace(job("a", BUSY), slack=1.0))  # 2 devices where it has 1
 
 
-def test_a_forecast_averages_over_its_time_with_a_prediction():
-    """`Forecast`: the time average of a step function; a stretch with None (the runtime holding a
-    guess) counts neither way, and a forecast never given a value has none."""
+def test_a_forecast_averages_over_the_steps_it_predicts():
+    """`Forecast`: the mean of a step function over the job's steps (dt seconds at inflation x
+    hold dt / (1 + x) of them), as the realised slowdown is a mean over steps; a stretch with None
+    (the runtime holding a guess) counts neither way, and a forecast never given a value has none."""
     from plexrl.policy import Forecast
 
     f = Forecast(0.0)
     f.update(0.0, None, False)
-    f.update(2.0, 0.3, True)  # [0, 2): no prediction
-    f.update(4.0, 0.1, True)
-    assert f.mean(8.0) == pytest.approx((0.3 * 2 + 0.1 * 4) / 6)
+    f.update(2.0, 0.5, True)  # [0, 2): no prediction
+    f.update(5.0, 0.0, True)  # [2, 5) at 0.5: 2 steps' worth of its time alone
+    assert f.mean(7.0) == pytest.approx((0.5 * 2 + 0.0 * 2) / 4)  # [5, 7) at 0: 2 more
     f.close(6.0)
-    assert f.mean(100.0) == pytest.approx((0.3 * 2 + 0.1 * 2) / 4)
+    assert f.mean(100.0) == pytest.approx(0.5 * 2 / 3)
     never = Forecast(0.0)
     never.update(0.0, None, False)
     assert never.mean(5.0) is None
     plain = Forecast(1.0)  # the simulator's use: a value from the start
-    plain.update(3.0, 0.5, False)
-    assert plain.mean(5.0) == pytest.approx(0.5 * 2 / 4)
+    plain.update(3.0, 1.0, False)  # [1, 3) at 0: 2 steps' worth; then 1.0 for [3, 7): 2 more
+    assert plain.mean(7.0) == pytest.approx(1.0 * 2 / 4)
+    steady = Forecast(0.0)
+    steady.update(0.0, 0.3, True)
+    assert steady.mean(10.0) == pytest.approx(0.3)

@@ -6,7 +6,7 @@ fill the same whole nodes), the simulator runs exactly those jobs on a cluster o
 that size, so the placer must put them on the same devices (each with a slack large enough that
 it is never refused, and more steps than the horizon holds, so every job shares through the
 whole run). Per job it reports the step inflation the placer predicted (`Placer.inflation_of`,
-time-averaged over the run, what `plexrl sim` reports as `inflation_predicted`) and the one the
+averaged over the run's steps, what `plexrl sim` reports as `inflation_predicted`) and the one the
 simulator realised (mean step against the job alone, `inflation_realised`): the reference
 measured in the same run. The summary is the mean absolute error over all jobs, and per number
 of tenants. `plexrl sim` gives the same error for whole workloads, where each job's co-tenants

@@ -31,22 +31,31 @@ def measured_inflation(step_times_s: Sequence[float], period_s: float, last: int
 
 
 class Forecast:
-    """A placed job's predicted inflation as a step function of time, and its time average (what the
-    simulator and the runtime report against the realised slowdown). Times are passed in. A value
-    of None is a stretch without a prediction to judge (the runtime's placer holding a guess for
-    the job or a co-tenant): it counts neither way."""
+    """A placed job's predicted inflation as a step function of time, and its mean over the job's
+    steps (what the simulator and the runtime report against the realised slowdown, itself a mean
+    over steps). A stretch of `dt` seconds predicted at inflation x holds dt / (1 + x) steps' worth
+    of the job's time alone, so that is its weight: a time average would count a slow stretch more,
+    by the very slowdown it predicts. A value of None is a stretch without a prediction to judge
+    (the runtime's placer holding a guess for the job or a co-tenant): it counts neither way. Times
+    are passed in."""
 
     def __init__(self, since: float):
-        self.since, self.last_t, self.value, self.area = since, since, 0.0, 0.0
-        self.uncounted = 0.0  # seconds without a value, up to last_t
+        self.last_t, self.value = since, 0.0
+        self.area = 0.0  # sum of x * weight
+        self.weight = 0.0  # sum of dt / (1 + x) over stretches with a value
         self.shared = False
         self.closed: float | None = None
 
+    @staticmethod
+    def _stretch(value: float, seconds: float) -> tuple[float, float]:
+        weight = seconds / (1.0 + max(value, 0.0))
+        return value * weight, weight
+
     def update(self, now: float, value: float | None, shared: bool) -> None:
-        if self.value is None:
-            self.uncounted += now - self.last_t
-        else:
-            self.area += self.value * (now - self.last_t)
+        if self.value is not None:
+            area, weight = self._stretch(self.value, now - self.last_t)
+            self.area += area
+            self.weight += weight
         self.last_t, self.value = now, value
         self.shared = self.shared or shared
 
@@ -55,17 +64,13 @@ class Forecast:
         self.closed = now
 
     def mean(self, end: float) -> float | None:
-        """The mean over its time with a value, up to `end` (or its close); its latest value
-        when no such time has passed (None when that is None too)."""
-        stop = self.closed if self.closed is not None else end
-        area, uncounted = self.area, self.uncounted
-        if self.closed is None:
-            if self.value is None:
-                uncounted += stop - self.last_t
-            else:
-                area += self.value * (stop - self.last_t)
-        counted = (stop - self.since) - uncounted
-        return area / counted if counted > 0 else self.value
+        """The step-weighted mean over its time with a value, up to `end` (or its close); its
+        latest value when no such time has passed (None when that is None too)."""
+        area, weight = self.area, self.weight
+        if self.closed is None and self.value is not None:
+            more_area, more_weight = self._stretch(self.value, end - self.last_t)
+            area, weight = area + more_area, weight + more_weight
+        return area / weight if weight > 0 else self.value
 
 
 @dataclass(frozen=True)

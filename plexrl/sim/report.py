@@ -9,8 +9,8 @@ not finish counts its completion time (queueing + run) up to the end of the run.
 The operator's figures (DESIGN §7): steps completed, mean job completion time, cluster
 GPU-hours per completed step (every GPU of the cluster over the run, busy or not) and
 `capacity_vs_colocated`, steps per cluster GPU-hour relative to colocated's.
-Co-tenancy (PlexRL modes): per job the placer's predicted step inflation (time-weighted over
-its placement) against the realised one (its steps' time over their solo time, minus 1), and
+Co-tenancy (PlexRL modes): per job the placer's predicted step inflation (averaged over the
+steps of its placement, `Forecast`) against the realised one (its steps' time over their solo time, minus 1), and
 their mean absolute error, over all placed jobs and over the jobs that shared a GPU.
 """
 

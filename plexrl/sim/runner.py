@@ -55,7 +55,7 @@ class JobRecord:
     served: int
     slack: float = 0.0  # the job's SLO: tolerated step slowdown
     solo_s: float = 0.0  # what its completed steps take alone on its GPUs, every state resident
-    predicted_inflation: float | None = None  # the placer's prediction, time-weighted (PlexRL modes)
+    predicted_inflation: float | None = None  # the placer's prediction, averaged over its steps (PlexRL modes)
     shared: bool = False  # it shared a GPU with another job at some time (PlexRL modes)
 
     @property
@@ -178,7 +178,7 @@ class Mode:
         self._admit()
 
     def predicted(self, job: SimJob, end: float) -> tuple[float | None, bool]:
-        """(the placer's time-weighted predicted inflation of the job, whether it shared GPUs);
+        """(the placer's predicted inflation of the job averaged over its steps, whether it shared GPUs);
         modes without a placer predict nothing."""
         return None, False
 
