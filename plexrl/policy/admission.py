@@ -48,7 +48,7 @@ class Forecast:
 
     @staticmethod
     def _stretch(value: float, seconds: float) -> tuple[float, float]:
-        weight = seconds / (1.0 + max(value, 0.0))
+        weight = seconds / (1.0 + value)  # the model's inflations are never negative
         return value * weight, weight
 
     def update(self, now: float, value: float | None, shared: bool) -> None:

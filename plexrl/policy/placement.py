@@ -68,9 +68,8 @@ under-predicted (three math-7b: 173% against 191%): that leaves out a third job'
 ahead while a phase waits for a second's. With three or more jobs on the devices the wait
 counts those too (`_inflations`, the arrival theorem): 16 points for three tenants, what is
 left mostly the request priority letting short calls overtake long ones (math-7b next to
-agent-7b: 131% against 165-175%); crowded-256 MAE 6.8 (was 7.3), 3 seeds; 7.0 once the prediction
-is averaged over the job's steps as the realised slowdown is (`Forecast`: the time average had
-weighted slow stretches up, which hid part of the model's low bias for math-7b and code-7b).
+agent-7b: 131% against 165-175%); crowded-256 MAE 7.0 points, 3 seeds, with the prediction
+averaged over the job's steps as the realised slowdown is (`Forecast`).
 Placement measures feed back (`observe`): a tenant whose measured inflation is known is
 judged by it plus what the newcomer adds, so a group whose tenants run under their
 predictions may take more, and one with a tenant past its slack takes nobody onto its devices.
