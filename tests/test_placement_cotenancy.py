@@ -136,31 +136,56 @@ def test_a_tenant_measured_under_its_prediction_makes_room():
     assert isinstance(placer.decide(third, 0.0), Placement)
 
 
-def test_a_pack_limit_caps_the_slack_a_shared_placement_is_judged_by():
-    """`pack_limit` (`PACKING_PAYS` for jobs that end): a job tolerating a doubled step is still
-    not placed where it would be slowed by more than the limit, nor where it would slow a
-    tenant by more; within the limit nothing changes, and a job alone is never refused."""
+def ending(profile: JobProfile) -> JobProfile:
+    """The job with a known length (`JobProfile.ends`), as the simulator's jobs and a runtime job
+    that declared its steps."""
+    return replace(profile, ends=True)
+
+
+def test_a_pack_limit_caps_the_slack_a_shared_placement_of_jobs_that_end_is_judged_by():
+    """`pack_limit` (default `PACKING_PAYS`): a job tolerating a doubled step is still not placed
+    where it would be slowed by more than the limit, nor where it would slow a tenant by more,
+    when both end; within the limit nothing changes, and a job alone is never refused."""
     from plexrl.policy.placement import PACKING_PAYS
 
     assert PACKING_PAYS == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="pack_limit must be >= 0"):
         Placer(view(), 64, 1.0, pack_limit=-1.0)
-    free, capped = Placer(view(), 64, 1.0), Placer(view(), 64, 1.0, pack_limit=PACKING_PAYS)
+    assert Placer(view(), 64, 1.0).pack_limit == PACKING_PAYS
+    free, capped = Placer(view(), 64, 1.0, pack_limit=None), Placer(view(), 64, 1.0)
     for placer in (free, capped):
-        assert isinstance(placer.place(job("a", BUSY, 4, 1.0, slack=1.0), 0.0), Placement)  # alone: 0%
-    newcomer = job("b", BUSY, 4, 1.0, slack=1.0)  # 4 barriers x 1.0 s / 8 s = 50% each way
+        assert isinstance(placer.place(ending(job("a", BUSY, 4, 1.0, slack=1.0)), 0.0), Placement)  # alone: 0%
+    newcomer = ending(job("b", BUSY, 4, 1.0, slack=1.0))  # 4 barriers x 1.0 s / 8 s = 50% each way
     assert isinstance(free.decide(newcomer, 0.0), Placement)
     decision = capped.decide(newcomer, 0.0)
     assert isinstance(decision, Wait)
     assert "slowed by 50%" in decision.reason and "its slack is 100%" in decision.reason and "33%" in decision.reason
-    light = job("c", BUSY, 4, 0.5, slack=1.0)  # slowed 4 x 1.0 / 8 = 50% by a or more; slows a by 25% or more
+    light = ending(job("c", BUSY, 4, 0.5, slack=1.0))  # slowed 4 x 1.0 / 8 = 50% by a or more; slows a by 25% or more
     assert isinstance(capped.decide(light, 0.0), Wait)
-    small = job("d", HALF, 1, 0.5, slack=1.0)  # slowed 1 x 1.0 / 8 = 12.5%, slows a by 4 x 0.5 / 8 = 25%
+    small = ending(job("d", HALF, 1, 0.5, slack=1.0))  # slowed 1 x 1.0 / 8 = 12.5%, slows a by 4 x 0.5 / 8 = 25%
     assert isinstance(capped.decide(small, 0.0), Placement)
     tiny_tenant = Placer(view(), 64, 1.0, pack_limit=0.2)
-    tiny_tenant.place(job("a", BUSY, 4, 1.0, slack=1.0), 0.0)
+    tiny_tenant.place(ending(job("a", BUSY, 4, 1.0, slack=1.0)), 0.0)
     decision = tiny_tenant.decide(small, 0.0)  # a would be at 25% > 20%: a's sake
     assert isinstance(decision, Wait) and "would slow job 'a'" in decision.reason
+
+
+def test_the_pack_limit_never_keeps_a_job_waiting_on_an_open_ended_one():
+    """The limit's premise is that the tenant waited for finishes: next to an open-ended tenant
+    (a service session) a newcomer that ends is judged by its own slack, and so is the tenant;
+    an open-ended newcomer is judged by its own slack next to anyone, and so are its tenants."""
+    session = Placer(view(), 64, 1.0)
+    session.place(job("s", BUSY, 4, 1.0, slack=1.0), 0.0)  # open-ended: `ends` False
+    assert isinstance(session.decide(ending(job("b", BUSY, 4, 1.0, slack=1.0)), 0.0), Placement)  # 50% <= 100%
+    finite = Placer(view(), 64, 1.0)
+    finite.place(ending(job("a", BUSY, 4, 1.0, slack=1.0)), 0.0)
+    assert isinstance(finite.decide(ending(job("b", BUSY, 4, 1.0, slack=1.0)), 0.0), Wait)  # both end: 50% > 33%
+    assert isinstance(finite.decide(job("b", BUSY, 4, 1.0, slack=1.0), 0.0), Placement)  # b open-ended: 50% <= 100%
+    released = Placer(view(), 64, 1.0)
+    released.place(job("s", BUSY, 4, 1.0, slack=1.0), 0.0)
+    released.release("s")  # the open-ended job left: the limit holds again
+    released.place(ending(job("a", BUSY, 4, 1.0, slack=1.0)), 0.0)
+    assert isinstance(released.decide(ending(job("b", BUSY, 4, 1.0, slack=1.0)), 0.0), Wait)
 
 
 def test_observations_of_a_released_job_are_forgotten():

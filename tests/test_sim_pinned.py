@@ -11,9 +11,11 @@ loop (`Placer.observe`) change which jobs share GPUs and when they are admitted;
 last call), which changes the placer's predictions and so the PlexRL modes' placements.
 Then a job consolidates its rollouts' tails only while it shares its GPUs (`plexrl_mode.Tail`):
 every PlexRL mode but `plexrl-wholetail` changed, and `plexrl-alltail` (every job consolidates,
-as all of them did before) reproduces the previous `plexrl` figures exactly. `plexrl-paying`
-(placement capped at `PACKING_PAYS`) shares no GPU here: every job queues for its own, and its
-step times sum to colocated's.
+as all of them did before) reproduces the previous `plexrl` figures exactly. The workload is
+pinned with `pack_limit: null` (each job judged by its own slack, 1.0), so its jobs share GPUs
+and every contended path runs; the default limit (`PACKING_PAYS`, the sharing that pays for
+jobs that end) shares no GPU here: every job queues for its own, its step times sum to
+colocated's, and its figures are those the `plexrl-paying` mode had when the limit was a mode.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from plexrl.policy.placement import PACKING_PAYS
 from plexrl.sim.simulate import MODES, simulate
 from plexrl.sim.workload import Cluster, Workload
 
 # 16 GPUs in one node group for five jobs that need 36: they queue, stack and switch.
 CLUSTER = Cluster(name="pin", nodes_per_pod=2, group_nodes=2)
 WORKLOAD = Workload.model_validate({
-    "name": "pinned", "seed": 3,
+    "name": "pinned", "seed": 3, "pack_limit": None,
     "jobs": [
         {"name": "math", "count": 2, "params_b": 7, "dp": 8, "steps": 3, "arrival_every_s": 40, "slack": 1.0},
         {"name": "agent", "count": 2, "params_b": 7, "dp": 4, "steps": 3, "reward_s": 60, "slack": 1.0,
@@ -48,8 +51,9 @@ PINNED = {
     "plexrl-noshift": (236, 11333.790262786319, 45786.41626372551, 204.15260000000015, 45786.41626372549),
     "plexrl-wholetail": (226, 14991.854105921533, 47051.13295637257, 310.2984000000003, 47051.13295637253),
     "plexrl-alltail": (278, 11498.989024048049, 45543.17508823531, 173.24320000000023, 45543.1750882353),
-    "plexrl-paying": (226, 9181.825802587655, 46853.872956372565, 113.03840000000007, 46853.87295637255),
 }
+# `plexrl` under the default pack limit (PACKING_PAYS)
+PINNED_PAYING = (226, 9181.825802587655, 46853.872956372565, 113.03840000000007, 46853.87295637255)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +79,15 @@ def test_modes_run_in_several_processes_give_the_same_figures(runs):
         one = runs[mode]
         assert (r.events, r.end_s, r.records, r.ledger) == (one.events, one.end_s, one.records, one.ledger)
         assert all(np.array_equal(a, b) for a, b in zip(r.busy_intervals, one.busy_intervals))
+
+
+def test_the_default_pack_limit_reproduces_its_pinned_figures_exactly():
+    default = Workload.model_validate({k: v for k, v in WORKLOAD.model_dump().items() if k != "pack_limit"})
+    assert default.pack_limit == PACKING_PAYS
+    r = simulate(default, CLUSTER, ("plexrl",))["runs"]["plexrl"]
+    got = (r.events, sum(sum(j.step_times) for j in r.records), sum(j.charged_gpu_s for j in r.records),
+           r.switch_gpu_s, r.busy_gpu_s)
+    assert got == PINNED_PAYING
 
 
 def test_the_pin_covers_every_mode():

@@ -85,6 +85,29 @@ def test_cli_json_has_every_documented_field(tmp_path, capsys):
         "queue_delay_cdf.png", "utilization.png"]
 
 
+def test_cli_pack_limit_overrides_the_workloads(tmp_path, capsys):
+    """`--pack-limit none` judges every job by its own slack, as the workload's `pack_limit: null`
+    does; a bad value is refused naming what was expected."""
+    jobs = "jobs:\n  - {name: a, count: 3, params_b: 7, dp: 8, steps: 3, arrival_every_s: 40, slack: 1.0}\n"
+    cluster = tmp_path / "small.yaml"
+    cluster.write_text("name: small\nnodes_per_pod: 2\ngroup_nodes: 2\n")  # 16 GPUs for 24 GPUs of demand
+    head = f"name: packing\ncluster: {cluster}\n"
+    runs = {}
+    for name, text, extra in (("default", head + jobs, []), ("flag", head + jobs, ["--pack-limit", "none"]),
+                              ("file", head + "pack_limit: null\n" + jobs, [])):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        assert main([str(path), "--json", "--modes", "plexrl", "--processes", "1", *extra]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)["results"]["plexrl"]["jobs"]
+    assert runs["flag"] == runs["file"] != runs["default"]  # without the limit the third job shares at once
+    assert any(job["shared"] for job in runs["flag"].values()) and runs["default"]["a-2"]["queue_delay_s"] > 0
+    for bad in ("-0.5", "half"):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(tmp_path / "default.yaml"), "--pack-limit", bad])
+        assert exit_.value.code == 2
+        assert f"'{bad}': expected a step slowdown >= 0 (e.g. 0.333) or 'none'" in capsys.readouterr().err
+
+
 def test_cli_refuses_zero_processes(capsys):
     assert main(["paper-mix", "--processes", "0"]) == 2
     err = capsys.readouterr().err

@@ -4,7 +4,7 @@ against the simulator, one combination of job classes at a time.
 For every multiset of 2..K of the workload's job classes (classes of one size only: those that
 fill the same whole nodes), the simulator runs exactly those jobs on a cluster of one node group
 that size, so the placer must put them on the same devices (each with a slack large enough that
-it is never refused, and more steps than the horizon holds, so every job shares through the
+it is never refused, no pack limit, and more steps than the horizon holds, so every job shares through the
 whole run). Per job it reports the step inflation the placer predicted (`Placer.inflation_of`,
 averaged over the run's steps, what `plexrl sim` reports as `inflation_predicted`) and the one the
 simulator realised (mean step against the job alone, `inflation_realised`): the reference
@@ -65,7 +65,7 @@ def run_combination(workload: Workload, cluster: Cluster, combo: tuple[Job, ...]
             for i, spec in enumerate(combo)]
     slowest = max(job_profile(j, job_costs(j, cluster), workload.seed, 0).period_s for j in jobs)
     sim = Workload(name="+".join(j.name for j in combo), seed=workload.seed, cluster=cluster.name,
-                   horizon_s=PERIODS * slowest, jobs=jobs)
+                   horizon_s=PERIODS * slowest, jobs=jobs, pack_limit=None)  # no limit: each job's slack
     out = simulate(sim, cluster, modes=(MODE,))["results"][MODE]["jobs"]
     rows = [{"job": j.name, "class": spec.name, "shared": bool(out[j.name]["shared"]),
              "predicted": out[j.name]["inflation_predicted"], "realised": out[j.name]["inflation_realised"]}

@@ -30,8 +30,9 @@ How a decision is made:
    visited in that tie order, so the first that scores 0 ends the search (exact);
 5. slack: the choice's step inflation is estimated for the job and for every job sharing a
    device with it; the job waits when it would exceed its own slack or push a co-tenant
-   beyond theirs; with a `pack_limit` set, a slack above it counts as `pack_limit` (see
-   "Packing when it pays" below) (only the best candidate is checked: no second-best search). When no
+   beyond theirs; a job whose run ends (`JobProfile.ends`) is judged by at most `pack_limit`
+   among tenants that end too (see "Packing when it pays" below) (only the best candidate is
+   checked: no second-best search). When no
    devices the search could choose would pass this check (`_refused_everywhere`, an exact
    bound under the call model), the job waits without a search: most retries of a saturated
    cluster's queue end there.
@@ -57,8 +58,8 @@ sandboxes) less. On the simulator's crowded workload this predicts per-job infla
 correlation 0.95 (MAE 7-8 points) where fluid sharing had 0.56 (MAE 22 points); on
 saturated-1024 and agentic-bursty MAE of shared jobs 2-3 points. Two jobs whose busy shares
 fit the devices take turns instead where that slows them less (`_pair_inflations`: two
-code-7b jobs were predicted at 22-26% and ran 4-9% slow; crowded-256 plexrl-paying MAE 3.5
--> 1.9 points). Whatever the waits, no set of jobs is predicted to keep its devices busy more
+code-7b jobs were predicted at 22-26% and ran 4-9% slow; crowded-256 under the pack limit MAE
+3.5 -> 1.9 points). Whatever the waits, no set of jobs is predicted to keep its devices busy more
 than all the time (`_conserving`: two jobs busy 75% each run 50% slow or more, short calls
 or not). Out of scope (first order): a slowed co-tenant's calls come less often (it
 over-predicts agent-7b next to slowed code-7b). One combination at a time
@@ -68,8 +69,9 @@ under-predicted (three math-7b: 173% against 191%): that leaves out a third job'
 ahead while a phase waits for a second's. With three or more jobs on the devices the wait
 counts those too (`_inflations`, the arrival theorem): 16 points for three tenants, what is
 left mostly the request priority letting short calls overtake long ones (math-7b next to
-agent-7b: 131% against 165-175%); crowded-256 MAE 7.0 points, 3 seeds, with the prediction
-averaged over the job's steps as the realised slowdown is (`Forecast`).
+agent-7b: 131% against 165-175%); crowded-256 without the pack limit (`--pack-limit none`,
+three or four jobs per device set) MAE 7.0 points, 3 seeds, with the prediction averaged over
+the job's steps as the realised slowdown is (`Forecast`); 1.9 under it.
 Placement measures feed back (`observe`): a tenant whose measured inflation is known is
 judged by it plus what the newcomer adds, so a group whose tenants run under their
 predictions may take more, and one with a tenant past its slack takes nobody onto its devices.
@@ -90,14 +92,17 @@ fill: sharing devices trades the tenants' speed for the newcomer's start. Take a
 run length L and a tenant of the same length with R of its run left: waiting for the tenant
 costs the newcomer R; sharing at inflation i costs about i * L (newcomer) + i * R (tenant).
 Sharing lowers the sum of completion times when i < R / (L + R), and with the tenant found at
-a uniform point of its run (E[R] = L / 2) when i < 1/3 = `PACKING_PAYS`. `Placer(pack_limit=
-PACKING_PAYS)` judges no job by a slack above that (jobs with smaller slack are unaffected).
-It is off by default: the premise is that the tenant finishes, and a runtime does not know
-when its jobs will (a service session can hold its model for days), so a cap there can leave
-a newcomer waiting on a tenant that never leaves. The simulator's jobs have known lengths:
-`plexrl-paying` runs with the cap; on crowded-256 (every job's slack 1.0) it took mean JCT
-from 0.957x to 0.875x colocated (3 seeds), and the runtime takes it as
-`ClusterConfig.pack_limit`.
+a uniform point of its run (E[R] = L / 2) when i < 1/3 = `PACKING_PAYS`, the default
+`pack_limit`. The premise is that both finish: a job judges a placement by
+min(slack, `pack_limit`) only when it declared its length (`JobProfile.ends`: the simulator's
+jobs and a runtime job given its steps) and so did every job it would share devices with. A
+newcomer next to an open-ended tenant (a service session may hold its model for days) is
+judged by its own slack, as is such a tenant, so nobody waits on a job that never leaves.
+Jobs with slack below the limit are unaffected. On crowded-256 (every job's slack 1.0, 3 seeds)
+the limit took mean JCT from 0.954x to 0.874x colocated, makespan from 0.832x to 0.809x and the
+mean slowdown from 51% to 2%, with the co-tenancy MAE from 7.0 to 1.9 points (`plexrl sim
+crowded-256 --pack-limit none` runs without it). `pack_limit=None` judges every job by its own
+slack; the runtime takes it as `ClusterConfig.pack_limit`.
 
 Fallback inflation model (ours), for profiles without calls: fluid processor sharing per device. In a slot where a device's demand
 L + d exceeds 1, every busy share on it progresses at 1 / (L + d), so work there stretches by
@@ -114,7 +119,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -171,11 +176,12 @@ class Placer:
     """Cluster-wide placement state: the view (memory committed), the horizon (projected load
     per device) and the jobs placed. `max_shifts` bounds the candidate phase shifts per
     decision; a period longer than that many slots is searched with a coarser stride.
-    `pack_limit`: the largest slack a placement judges any job by (see "Packing when it pays");
-    None, the default, judges each job by its own slack."""
+    `pack_limit`: the largest slack a placement judges a job by when it and every job it
+    would share devices with end (`JobProfile.ends`; see "Packing when it pays"); None judges
+    each job by its own slack."""
 
     def __init__(self, view: ResourceView, horizon_slots: int = 1024, slot_s: float = 1.0, max_shifts: int = 64,
-                 pack_limit: float | None = None, pooled: bool = False):
+                 pack_limit: float | None = PACKING_PAYS, pooled: bool = False):
         if max_shifts < 1:
             raise ValueError(f"max_shifts must be >= 1, got {max_shifts}")
         if pack_limit is not None and not pack_limit >= 0:
@@ -186,6 +192,7 @@ class Placer:
         self.horizon = Horizon(len(view.row_device), horizon_slots, slot_s)
         self.max_shifts = max_shifts
         self._placed: dict[str, _Placed] = {}
+        self._open_ended = 0  # placed jobs whose run has no known end (`JobProfile.ends` False)
         self._units: np.ndarray | None = None  # replicas per node, cached for one search
         self._measured: dict[str, float] = {}  # job -> its latest measured step inflation (`observe`)
         # jobs with a share on each row; a row without any holds exactly 0.0 in every column
@@ -205,18 +212,18 @@ class Placer:
         return decision
 
     def decide(self, profile: JobProfile, now: float) -> Placement | Wait:
-        judged = self._judged(profile)
-        decision = self._decide(judged, now)
-        if isinstance(decision, Wait) and judged is not profile:
-            return Wait(f"{decision.reason} (its slack is {profile.slack:.0%}, but sharing devices pays only while "
-                        f"it slows a job by less than {self.pack_limit:.0%})")
+        decision = self._decide(profile, now)
+        if isinstance(decision, Wait) and self._limit(profile, self._open_ended == 0) < profile.slack:
+            return Wait(f"{decision.reason} (its slack is {profile.slack:.0%}, but sharing devices with jobs that "
+                        f"end pays only while it slows each by less than {self.pack_limit:.0%})")
         return decision
 
-    def _judged(self, profile: JobProfile) -> JobProfile:
-        """The profile with its slack capped at `pack_limit`: what every check judges it by."""
-        if self.pack_limit is None or profile.slack <= self.pack_limit:
-            return profile
-        return replace(profile, slack=self.pack_limit)
+    def _limit(self, profile: JobProfile, others_end: bool) -> float:
+        """The slowdown `profile`'s job is judged by in a placement: its slack, at most
+        `pack_limit` when it ends and so do the jobs it would share with (`others_end`)."""
+        if self.pack_limit is None or not (profile.ends and others_end) or profile.slack <= self.pack_limit:
+            return profile.slack
+        return self.pack_limit
 
     def _decide(self, profile: JobProfile, now: float) -> Placement | Wait:
         if profile.job in self._placed:
@@ -243,7 +250,7 @@ class Placer:
                 f"the job needs {profile.devices}"
             )
         self.horizon.advance(now)
-        self._hold(_Placed(self._judged(profile), placement, now + placement.phase_shift_s))
+        self._hold(_Placed(profile, placement, now + placement.phase_shift_s))
 
     def observe(self, job: str, inflation: float) -> None:
         """A placed job's measured step inflation (its recent steps against its profile's
@@ -257,6 +264,7 @@ class Placer:
         if placed is not None:
             self.view.free(job)
             self.horizon.remove(job)
+            self._open_ended -= not placed.profile.ends
             self._row_jobs[self._rows_of(placed)] -= 1
             self._cotenancy.clear()
 
@@ -282,7 +290,7 @@ class Placer:
             raise ValueError(f"job {profile.job!r} is placed on {len(old.placement.devices)} devices; a profile "
                              f"of {profile.devices} needs a re-placement")
         self.release(profile.job)
-        self._hold(_Placed(self._judged(profile), old.placement, old.anchor_s))
+        self._hold(_Placed(profile, old.placement, old.anchor_s))
 
     def profile_of(self, job: str) -> JobProfile:
         """The profile `job` was placed with (what `drifted` compares a measured one against)."""
@@ -563,10 +571,11 @@ class Placer:
         name = self.view.groups[best.group].name
         where = (f"even the best placement (group {name!r}, phase shift {shift * h.slot_s:g} s) projects "
                  f"{best.score:.1f} device-s of overload over the horizon")
-        if inflation > profile.slack:
+        limit = self._limit(profile, all(self._placed[j].profile.ends for r in rows for j in h.names_on(r)))
+        if inflation > limit:
             return Wait(f"job {profile.job!r} would be slowed by {inflation:.0%}, beyond its slack of "
-                        f"{profile.slack:.0%}: {where}")
-        hurt = self._hurt_by_waits(profile, rows, tenants) if calls else self._hurt_tenant(rows, share)
+                        f"{limit:.0%}: {where}")
+        hurt = self._hurt_by_waits(profile, rows, tenants) if calls else self._hurt_tenant(profile, rows, share)
         if hurt is not None:
             tenant, slowed, slack = hurt
             return Wait(f"job {profile.job!r} would slow job {tenant!r} by {slowed:.0%}, beyond its slack of "
@@ -574,7 +583,7 @@ class Placer:
         devices = tuple(int(self.view.row_device[r]) for r in rows)
         return Placement(name, shift * h.slot_s + align_s, best.score, devices, inflation)
 
-    def _hurt_tenant(self, rows: list[int], share: np.ndarray) -> tuple[str, float, float] | None:
+    def _hurt_tenant(self, newcomer: JobProfile, rows: list[int], share: np.ndarray) -> tuple[str, float, float] | None:
         """The first job sharing a device of `rows` that the newcomer's `share` (ring order)
         would push beyond its slack, with its inflation and slack; a job already beyond it
         before only counts if the newcomer makes it worse."""
@@ -590,8 +599,9 @@ class Placer:
                 after = before + np.isin(tenant_rows, rows)[:, None] * share[in_time]
                 slowed = max(step_inflation(a - mine, mine, 1.0) for a in after)
                 was = max(step_inflation(b - mine, mine, 1.0) for b in before)
-                if slowed > max(profile.slack, was) + _TINY:
-                    return job, slowed, profile.slack
+                limit = self._limit(profile, newcomer.ends)
+                if slowed > max(limit, was) + _TINY:
+                    return job, slowed, limit
         return None
 
     def _hurt_by_waits(self, newcomer: JobProfile, rows: list[int],
@@ -604,7 +614,7 @@ class Placer:
             own = self._rows_of(self._placed[job])
             slowed = self._pushed(newcomer, job, len(mine.intersection(own)) / len(own))
             if slowed is not None:
-                return job, slowed, profile.slack
+                return job, slowed, self._limit(profile, newcomer.ends)
         return None
 
     def _refused_everywhere(self, profile: JobProfile, groups: np.ndarray) -> Wait | None:
@@ -616,7 +626,8 @@ class Placer:
           interleaves only if each subset does), no candidate interleaves, so its inflation is
           the wait of `wait_inflation` over every tenant of its rows, at least what the
           tenants of the `devices`-th least-waiting row alone make (each tenant's wait at least
-          `_least_wait`); a bound above the slack (by a margin) refuses them all;
+          `_least_wait`); a bound above the slack it is judged by (by a margin) refuses them all
+          (`_limit`; while an open-ended job is placed, its own slack: no less than anywhere);
         - a row is barred when a tenant on it would be pushed past its slack by sharing even
           one of its devices with the newcomer (`_hurt_by_waits` at the least share; what it
           adds does not shrink with the share); the unbarred rows are bounded as above.
@@ -625,6 +636,7 @@ class Placer:
             return None
         if any(p.profile.barriers <= 0 for p in self._placed.values()):
             return None
+        limit = self._limit(profile, self._open_ended == 0)  # at least what `_judge` allows anywhere
         barred: dict[str, bool] = {}
         cells: dict[tuple[str, ...], tuple[tuple[float, bool], str | None]] = {}  # a row's jobs -> (cell, barring job)
         units = self.view.units_per_node(profile)
@@ -649,9 +661,9 @@ class Placer:
                     else:
                         tenant = tenant or hurt
             bound = self._own_bound(profile, every)
-            if bound > profile.slack + 1e-9:
+            if bound > limit + 1e-9:
                 least = min(least, bound)
-            elif self._own_bound(profile, unbarred) <= profile.slack + 1e-9:
+            elif self._own_bound(profile, unbarred) <= limit + 1e-9:
                 return None
             elif len(unbarred) < profile.devices:
                 hurts = True
@@ -660,10 +672,10 @@ class Placer:
         where = "on any devices where its memory fits"
         if not (hurts or mixed):
             return Wait(f"job {profile.job!r} would be slowed by {least:.0%} or more, beyond its slack of "
-                        f"{profile.slack:.0%}, {where}")
+                        f"{limit:.0%}, {where}")
         if not (mixed or least < math.inf):
             return Wait(f"job {profile.job!r} would slow job {tenant!r} or another co-tenant beyond its slack {where}")
-        return Wait(f"job {profile.job!r} would be slowed beyond its slack of {profile.slack:.0%} or slow a "
+        return Wait(f"job {profile.job!r} would be slowed beyond its slack of {limit:.0%} or slow a "
                     f"co-tenant beyond theirs (e.g. job {tenant!r}) {where}")
 
     def _own_bound(self, profile: JobProfile, rows: list[tuple[float, bool]]) -> float:
@@ -695,7 +707,7 @@ class Placer:
         with_newcomer = {**others, newcomer.job: (newcomer, shared)}
         added = self._call_inflation(profile, with_newcomer, self._rows_of(self._placed[job])) - before
         was = self._measured.get(job, before)
-        return was + added if was + added > max(profile.slack, was) + _TINY else None
+        return was + added if was + added > max(self._limit(profile, newcomer.ends), was) + _TINY else None
 
     def _cotenants(self, job: str) -> tuple[dict[str, tuple[JobProfile, float]], float]:
         """(`_tenants` of placed `job`'s devices, the inflation they give it under the call model),
@@ -723,6 +735,7 @@ class Placer:
         self.horizon.add(job, rows, placed.profile, placed.anchor_s)
         self._row_jobs[rows] += 1
         self._placed[job] = placed
+        self._open_ended += not placed.profile.ends
         self._cotenancy.clear()
 
     def _rows_of(self, placed: _Placed) -> list[int]:

@@ -76,6 +76,9 @@ class JobProfile:
     # Its calls, for the co-tenancy model (`placement.wait_inflation`); 0 = not known.
     barriers: int = 0  # phases per step: call groups that must all end before the step moves on
     residual_s: float = 0.0  # per device: sum of its calls' seconds^2 / (2 * period_s)
+    # Its run has a known end (it declared its steps): placement may judge it by less than its
+    # slack ("Packing when it pays", placement.py). False: open-ended (a service session).
+    ends: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "demand", tuple(float(d) for d in self.demand))
@@ -160,6 +163,7 @@ def profile_from_events(
     devices: int | None = None,
     slack: float = DEFAULT_SLACK,
     last_steps: int | None = None,
+    ends: bool = False,
 ) -> JobProfile:
     """Measure `job`'s profile from event-log records (see the module docstring).
 
@@ -168,7 +172,8 @@ def profile_from_events(
     it visited say nothing of how many it needs (three demo jobs, each one call at a time,
     visited both devices of their group and were measured as 2-device jobs). `last_steps`
     keeps only the most recent complete steps (all by default). The slot width is `slot_s`
-    rounded so that a whole number of slots makes one period.
+    rounded so that a whole number of slots makes one period. `ends`: the job declared its
+    length (`JobProfile.ends`).
     """
     if slot_s <= 0:
         raise ValueError(f"slot_s must be > 0 seconds, got {slot_s}")
@@ -195,7 +200,7 @@ def profile_from_events(
     squares = sum((b - a) ** 2 for a, b in within)
     return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack,
                       barriers=max(1, round(_phases(within) / len(durations))) if within else 0,
-                      residual_s=squares / len(durations) / (2 * period) / n_devices)
+                      residual_s=squares / len(durations) / (2 * period) / n_devices, ends=ends)
 
 
 def _job_records(events: Iterable[Mapping], job: str) -> list[Mapping]:

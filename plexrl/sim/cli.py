@@ -1,4 +1,5 @@
-"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N] [--processes N]` and
+"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N] [--pack-limit X|none]
+[--processes N]` and
 `plexrl sim calibrate EVENTS.jsonl [--device-bytes N] [--policy P] [--json]`.
 
 WORKLOAD is a YAML path or a shipped name (`paper-mix`, `scale-1024`); the cluster comes from
@@ -36,10 +37,29 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--seeds", type=int, default=1,
                    help="run seeds seed..seed+N-1 and add per-mode mean/worst figures as 'over_seeds' (default 1)")
+    p.add_argument("--pack-limit", type=pack_limit, default=None, metavar="X|none",
+                   help="the largest step slowdown a shared placement judges jobs by, e.g. 0.333, or 'none' for "
+                        "each job's own slack (default: the workload's pack_limit, 1/3 unless it sets one)")
     p.add_argument("--processes", type=int, default=usable_cpus(),
                    help="run the modes in this many processes; the results do not depend on it "
                         f"(default: the CPUs this process may use, {usable_cpus()})")
     return p.parse_args(argv)
+
+
+_NO_LIMIT = "none"
+
+
+def pack_limit(text: str) -> float | str:
+    """`--pack-limit`: a fraction of a step >= 0, or 'none'."""
+    if text.strip().lower() == _NO_LIMIT:
+        return _NO_LIMIT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a step slowdown >= 0 (e.g. 0.333) or 'none'")
+    return value
 
 
 def usable_cpus() -> int:
@@ -57,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True)
     try:
         workload = load_workload(args.workload)
+        if args.pack_limit is not None:
+            workload = workload.model_copy(update={"pack_limit": None if args.pack_limit == _NO_LIMIT else args.pack_limit})
         cluster = load_cluster(args.cluster or workload.cluster)
         modes = tuple(m for m in args.modes.split(",") if m)
         runs = len(set(modes) | {"colocated"}) * args.seeds

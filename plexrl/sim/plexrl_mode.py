@@ -29,7 +29,7 @@ from typing import Callable
 
 from plexrl.policy import StepClock
 from plexrl.policy.admission import AdmissionQueue, Forecast, measured_inflation
-from plexrl.policy.placement import PACKING_PAYS, FirstFit, Placement, Placer
+from plexrl.policy.placement import FirstFit, Placement, Placer
 from plexrl.policy.profile import JobProfile
 from plexrl.policy.resources import ResourceView
 from plexrl.sim.group import Group
@@ -96,7 +96,7 @@ class PlexRLMode(Mode):
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
         for gid, g in enumerate(view.groups):
             Group(gid, [self.workers[d] for d in g.devices])
-        self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S))
+        self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S, pack_limit=self.workload.pack_limit))
         self.by_name: dict[str, SimJob] = {}
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
@@ -188,14 +188,6 @@ def no_shift(workload, cluster, policy) -> PlexRLMode:
     shift): what the phase shift alone is worth."""
     mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, max_shifts=1))
     mode.name = "plexrl-noshift"
-    return mode
-
-
-def paying(workload, cluster, policy) -> PlexRLMode:
-    """Placement judges no job by a slack above `PACKING_PAYS`: sharing only while it pays
-    (the simulator's jobs all finish; see the placement module's "Packing when it pays")."""
-    mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, pack_limit=PACKING_PAYS))
-    mode.name = "plexrl-paying"
     return mode
 
 

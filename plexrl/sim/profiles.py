@@ -71,7 +71,7 @@ def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_ta
     models = model_memory(job, costs)
     barriers, residual_s = call_moments(phases, period)
     return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack,
-                      replica_devices=job.tp, barriers=barriers, residual_s=residual_s)
+                      replica_devices=job.tp, barriers=barriers, residual_s=residual_s, ends=True)
 
 
 def call_moments(phases: list[Phase], period: float) -> tuple[int, float]:

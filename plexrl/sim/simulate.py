@@ -5,8 +5,10 @@ priority) and `plexrl-hrrn`, `plexrl-sjf`, `plexrl-fcfs`, all with phase-shift p
 `plexrl-firstfit` (switch-aware priority, first-fit placement), `plexrl-noshift` (the Placer's
 groups and devices without phase shifts), `plexrl-wholetail` (PlexRL without long-tail
 consolidation: every sampler worker stays through the tail) and `plexrl-alltail` (every job
-consolidates its tails, sharing or not; `plexrl` consolidates only while a job shares its GPUs)
-and `plexrl-paying` (placement judges no job by a slack above `placement.PACKING_PAYS`).
+consolidates its tails, sharing or not; `plexrl` consolidates only while a job shares its GPUs).
+Every PlexRL mode places with the workload's `pack_limit` (the operator's setting, default
+`placement.PACKING_PAYS`: the simulator's jobs all end, so a shared placement judges them by
+at most that slowdown; `plexrl sim --pack-limit none` judges each by its own slack).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import ColocatedMode
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
-from plexrl.sim.plexrl_mode import PlexRLMode, all_tail, first_fit, no_shift, paying, whole_tail
+from plexrl.sim.plexrl_mode import PlexRLMode, all_tail, first_fit, no_shift, whole_tail
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.split_mode import SplitMode
@@ -39,7 +41,6 @@ def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
     table["plexrl-noshift"] = lambda w, c: no_shift(w, c, Policy.PLEXRL)
     table["plexrl-wholetail"] = lambda w, c: whole_tail(w, c, Policy.PLEXRL)
     table["plexrl-alltail"] = lambda w, c: all_tail(w, c, Policy.PLEXRL)
-    table["plexrl-paying"] = lambda w, c: paying(w, c, Policy.PLEXRL)
     return table
 
 

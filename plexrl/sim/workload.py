@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from plexrl.errors import ConfigError
+from plexrl.policy.placement import PACKING_PAYS
 
 GB = 1e9
 SHIPPED = Path(__file__).parent
@@ -147,6 +148,10 @@ class Workload(Strict):
     cluster: str = Field("h200-256", description="shipped cluster name or path (overridable by --cluster)")
     horizon_s: float | None = Field(None, gt=0, description="stop jobs at this virtual time (None: run to completion)")
     poisson: PoissonArrivals | None = Field(None, description="if set, job copies arrive as a Poisson process")
+    pack_limit: float | None = Field(
+        PACKING_PAYS, ge=0, description="the operator's placement setting (as `ClusterConfig.pack_limit`): the "
+        "largest step slowdown a shared placement judges jobs by (they all end); null: each job's own slack "
+        "(overridable by --pack-limit)")
     jobs: list[Job] = Field(min_length=1)
 
     @model_validator(mode="after")
