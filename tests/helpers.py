@@ -24,11 +24,13 @@ def datum(ids, **extra) -> plexrl.Datum:
 
 
 def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout: float = 120, name: str = "policy",
-           sampler: str = "hf", rewards: list | None = None):
+           sampler: str = "hf", rewards: list | None = None, declare_steps: bool = False):
     """A small policy-gradient loop over every function of the API: sample, old log-probs,
     importance-sampling update, weight sync (snapshots sampling with `sampler`), a step mark.
-    Returns the job's training client; each step's rewards are appended to `rewards` if given."""
-    trainer = cluster.service_client(job=job).create_training_client(base_model=model_dir, seed=seed, name=name)
+    Returns the job's training client; each step's rewards are appended to `rewards` if given.
+    `declare_steps`: the job tells the cluster how many steps it runs (`service_client(steps=)`)."""
+    service = cluster.service_client(job=job, steps=steps if declare_steps else None)
+    trainer = service.create_training_client(base_model=model_dir, seed=seed, name=name)
     prompt = [5 + seed, 6, 7]
     for step in range(steps):
         snapshot = trainer.save_weights_and_get_sampling_client(sampler=sampler)

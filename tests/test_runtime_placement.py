@@ -94,6 +94,22 @@ def test_profiles_are_measured_online_and_replace_the_guess(tiny_model):
     assert placed["provisional"] is False and placed["replacements"] >= 1
 
 
+def test_a_job_that_declares_its_steps_is_placed_as_one_that_ends(tiny_model):
+    """`service_client(steps=N)`: the job's measured profile says it ends (`JobProfile.ends`), so
+    the pack limit may judge it; a job that does not say (a service session) is open-ended. A
+    bad `steps` is refused naming it, and nothing is placed for it."""
+    with plexrl.LocalCluster(nodes=2, devices_per_node=1, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB,
+                             profile_steps=2) as c:
+        for bad in (0, 2.5, "3", True):
+            with pytest.raises(errors.InvalidInput, match=r"steps=.*expected the job's number of steps"):
+                c.service_client("bad", steps=bad)
+        rl_job(c, "finite", tiny_model, seed=1, steps=3, declare_steps=True)
+        rl_job(c, "open", tiny_model, seed=2, steps=3)
+        placer = c.control.target.placer.placer
+        assert placer.profile_of("finite").ends is True and placer.profile_of("open").ends is False
+        assert "bad" not in c.metrics()["placement"]
+
+
 def test_a_profile_reads_only_its_jobs_recent_window(tiny_model):
     """What the runtime sends the placer for a profile (`events(job, since)`: the job's records
     from the step mark `profile_steps` back) measures the same profile as the whole log."""
@@ -171,11 +187,16 @@ def test_the_placer_is_told_each_jobs_measured_inflation(tiny_model):
 
 
 def test_the_pack_limit_reaches_the_placer():
-    """`ClusterConfig.pack_limit` (off by default: the runtime does not know when its jobs end)."""
+    """`ClusterConfig.pack_limit` (default `PACKING_PAYS`; it applies to jobs that declared their
+    steps, `JobProfile.ends`; None: every job by its own slack)."""
+    from plexrl.policy.placement import PACKING_PAYS
+
     with plexrl.LocalCluster(devices=1) as c:
-        assert c.control.target.placer.placer.pack_limit is None
+        assert c.control.target.placer.placer.pack_limit == PACKING_PAYS
     with plexrl.LocalCluster(devices=1, pack_limit=0.25) as c:
         assert c.control.target.placer.placer.pack_limit == 0.25
+    with plexrl.LocalCluster(devices=1, pack_limit=None) as c:
+        assert c.control.target.placer.placer.pack_limit is None
 
 
 def test_a_refused_replacement_says_why():

@@ -42,18 +42,19 @@ class ServiceClient:
     what they create: `close()` frees only that, and the job ends when its last one closes."""
 
     def __init__(self, cluster: Cluster, job: str, slack: float = 0.10, admission_timeout: float | None = None,
-                 owner: int | None = None):
+                 owner: int | None = None, ends: bool = False):
         self.cluster = cluster
         self.job = job
         self.slack = slack
         self.admission_timeout = admission_timeout
         self.owner = owner  # the cluster's number for this client (None: the client owns the whole job)
+        self.ends = ends  # the job declared its length (`service_client(steps=...)`)
 
     def create_training_client(self, base_model: str | Path, seed: int = 0, name: str = "policy") -> "TrainingClient":
         """A trainable, full-parameter model of this job, loaded from a local HF folder."""
         validation.check_seed(seed)
         state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout,
-                                       owner=self.owner)
+                                       owner=self.owner, **self._length())
         return TrainingClient(self.cluster, state, seed)
 
     def create_lora_training_client(self, base_model: str | Path, rank: int, seed: int = 0, name: str = "policy",
@@ -69,7 +70,7 @@ class ServiceClient:
         lora = LoraConfig(rank, seed, train_mlp, train_attn, train_unembed)
         lora.validate()
         state = self.cluster.add_model(self.job, name, base_model, True, self.slack, self.admission_timeout,
-                                       owner=self.owner, lora=lora.plain())
+                                       owner=self.owner, lora=lora.plain(), **self._length())
         return TrainingClient(self.cluster, state, seed)
 
     def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0,
@@ -79,10 +80,15 @@ class ServiceClient:
         validation.check_seed(seed)
         validation.check_sampler(sampler)
         name = name or "frozen:" + re.sub(r"[^A-Za-z0-9._:-]", "_", Path(str(base_model)).name)
-        kwargs = {} if sampler == "hf" else {"sampler": sampler}  # a Cluster serving only "hf" need not know it
+        kwargs = ({} if sampler == "hf" else {"sampler": sampler}) | self._length()  # a Cluster serving only "hf" need not know it
         state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout,
                                        owner=self.owner, **kwargs)
         return SamplingClient(self.cluster, state, seed)
+
+    def _length(self) -> dict:
+        """`add_model`'s `ends` when the job declared its length (a Cluster that places no jobs
+        need not know it)."""
+        return {"ends": True} if self.ends else {}
 
     def report_step(self, step: int, **fields) -> None:
         """Marks the end of this job's step `step` (fields such as `reward=` go to its metrics).

@@ -62,8 +62,9 @@ class Cluster(Protocol):
 
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool, slack: float = 0.10,
                   admission_timeout: float | None = None, owner: int | None = None,
-                  lora: LoraConfig | None = None, sampler: str = "hf") -> StateHandle:
+                  lora: LoraConfig | None = None, sampler: str = "hf", ends: bool = False) -> StateHandle:
         """`owner`: the service client's number (`service_client` gives it), whose close frees it.
+        `ends`: the job declared its length (`service_client(steps=...)`), for placement.
         `lora`: a LoRA adapter over `base_model`, whose frozen weights the cluster shares between
         every LoRA state of that base (None: a full-parameter model). `sampler`: what runs the
         model's sample and compute_logprobs, "hf" or "vllm" (frozen models only)."""

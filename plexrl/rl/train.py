@@ -49,7 +49,7 @@ def run_job(cluster, spec: JobSpec, base_model: str, teacher_model: str | None =
             on_step: Callable[[str, int, StepStats], None] | None = None) -> JobResult:
     started = time.perf_counter()
     result = JobResult(spec.name, spec.algorithm)
-    with cluster.service_client(spec.name, slack=spec.slack) as service:  # its states are freed when it ends
+    with cluster.service_client(spec.name, slack=spec.slack, steps=spec.steps) as service:  # its states are freed when it ends
         job = Job(service, spec, base_model)
         algorithm = make_algorithm(job, teacher_model)
         for step in range(spec.steps):

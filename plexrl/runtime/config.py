@@ -12,6 +12,7 @@ from pathlib import Path
 
 from plexrl.api import errors
 from plexrl.policy import Policy
+from plexrl.policy.placement import PACKING_PAYS
 
 MiB = 1 << 20
 PLACEMENTS = ("phase-shift", "first-fit")
@@ -52,9 +53,10 @@ class ClusterConfig:
     activation_reserve_bytes: int | None = None
     activation_probe_tokens: int | None = None
     prefetch: bool = True  # load the state a device will likely run next while its current function runs
-    # The largest slack the placer judges a job by when it shares devices (policy/placement.py,
-    # "Packing when it pays"; e.g. placement.PACKING_PAYS for jobs that finish). None: each job's own.
-    pack_limit: float | None = None
+    # The largest slack the placer judges a job by when it shares devices with jobs that end, and
+    # ends itself (it declared its steps: `service_client(steps=...)`; policy/placement.py, "Packing
+    # when it pays"). Open-ended jobs (service sessions) are judged by their own slack. None: every job.
+    pack_limit: float | None = PACKING_PAYS
 
     def __post_init__(self) -> None:
         for name in ("nodes", "devices_per_node", "device_memory_bytes", "host_memory_bytes", "horizon_slots",

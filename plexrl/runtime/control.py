@@ -104,10 +104,12 @@ class Control:
         return self.telemetry.now()
 
     # -- placement -------------------------------------------------------------------------------------
-    def admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> tuple[int, float]:
-        """Place a job (waiting up to `timeout` s for room): its group and phase shift."""
+    def admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None,
+              ends: bool = False) -> tuple[int, float]:
+        """Place a job (waiting up to `timeout` s for room): its group and phase shift. `ends`:
+        the job declared its length (`JobProfile.ends`)."""
         group, placement, decided = admit_and_route(self.placer, self.router, self.telemetry, profile, slack,
-                                                    provisional, timeout)
+                                                    provisional, timeout, ends)
         with self._lock:
             self.started.setdefault(profile.job, decided)
         return group, placement.phase_shift_s

@@ -34,7 +34,7 @@ import numpy as np
 from plexrl.api import errors, validation
 from plexrl.api.cluster import StateHandle, check_name
 from plexrl.api.futures import APIFuture
-from plexrl.api.types import LoraConfig, SaveStateResponse
+from plexrl.api.types import LoraConfig, SaveStateResponse, is_integer
 from plexrl.policy import JobProfile, ModelMemory
 from plexrl.runtime import functions, precision, remote
 from plexrl.runtime.config import ClusterConfig
@@ -168,31 +168,37 @@ class Front(NodeRecovery):
 
     # -- the job-facing entry point ---------------------------------------------------------------
     def service_client(self, job: str, profile: JobProfile | None = None, slack: float = 0.10,
-                       admission_timeout: float | None = None):
+                       admission_timeout: float | None = None, steps: int | None = None):
         """A job's handle. With a `profile` the job is placed now (waiting for room if the placer
         says so, up to `admission_timeout` s, then starting after its phase shift); without one
-        it is placed provisionally when its first model is created."""
+        it is placed provisionally when its first model is created. `steps`: how many steps the
+        job will run, when it knows (an RL run does; a service session does not): a job that ends
+        is placed to pay for the sharing it takes (placement's "Packing when it pays")."""
         from plexrl.api.client import ServiceClient
 
         check_name("job", job)
         if not (isinstance(slack, (int, float)) and not isinstance(slack, bool) and slack >= 0):
             raise errors.InvalidInput(f"slack={slack!r}; expected a fraction of a step >= 0, e.g. 0.1")
+        if steps is not None and not (is_integer(steps) and steps >= 1):
+            raise errors.InvalidInput(f"steps={steps!r}; expected the job's number of steps (an integer >= 1) or None")
         self._check_open()
+        ends = steps is not None
         if profile is not None:
             if profile.job != job:
                 raise errors.InvalidInput(f"profile is for job {profile.job!r}, not {job!r}")
-            self._admit(profile, slack, provisional=False, timeout=admission_timeout)
-        return ServiceClient(self, job, slack, admission_timeout, owner=self._ask("claim", job))
+            self._admit(profile, slack, provisional=False, timeout=admission_timeout, ends=ends)
+        return ServiceClient(self, job, slack, admission_timeout, owner=self._ask("claim", job), ends=ends)
 
-    def _admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None) -> int:
-        group, shift_s = self._ask("admit", profile, slack, provisional, timeout)
+    def _admit(self, profile: JobProfile, slack: float, provisional: bool, timeout: float | None,
+               ends: bool = False) -> int:
+        group, shift_s = self._ask("admit", profile, slack, provisional, timeout, ends)
         time.sleep(shift_s)  # the job starts shifted
         return group
 
     # -- what clients call -------------------------------------------------------------------------
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
                   slack: float = 0.10, admission_timeout: float | None = None, owner: int | None = None,
-                  lora: LoraConfig | None = None, sampler: str = "hf") -> StateHandle:
+                  lora: LoraConfig | None = None, sampler: str = "hf", ends: bool = False) -> StateHandle:
         check_name("job", job)
         check_name("model name", name)
         if validation.check_sampler(sampler) != "hf" and trainable:
@@ -214,7 +220,7 @@ class Front(NodeRecovery):
                           self.config.host_memory_bytes, shared, weights_dtype(self.precision, trainable, lora),
                           BesideStates(reserve_bytes=reserve, shared_bytes=shared))
             memory = model_memory(name, source, nbytes + reserve, nbytes, shared)
-            group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout)
+            group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout, ends)
         handle = _unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable, lora,
                                                                                    sampler)))
         if owner is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -43,6 +43,7 @@ from plexrl.policy import (
     measured_inflation,
     profile_from_events,
 )
+from plexrl.policy.placement import PACKING_PAYS
 
 if TYPE_CHECKING:
     from plexrl.runtime.router import Router
@@ -55,6 +56,7 @@ PROVISIONAL_PERIOD_S = 1.0
 class JobRecord:
     profile: JobProfile
     slack: float  # the job's own slack (a provisional profile is placed without one)
+    ends: bool = False  # it declared its length (`JobProfile.ends`; a provisional profile is placed without it)
     placement: Placement | None = None
     provisional: bool = False
     steps_seen: int = 0
@@ -71,7 +73,7 @@ class JobRecord:
 
 class JobPlacer:
     def __init__(self, view: ResourceView, horizon_slots: int, slot_s: float, first_fit: bool,
-                 profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = None):
+                 profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = PACKING_PAYS):
         placer_cls = FirstFit if first_fit else Placer
         # pooled: the group scheduler runs a group's states on whichever of its devices is free
         self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s, pack_limit=pack_limit, pooled=True)
@@ -86,13 +88,18 @@ class JobPlacer:
         return self.placer.view.index[placement.group]
 
     # -- admission ----------------------------------------------------------------------------------
-    def admit(self, profile: JobProfile, slack: float, provisional: bool, now, timeout: float | None) -> Placement:
-        """Place `profile`'s job, waiting (up to `timeout` s) while the placer says Wait."""
+    def admit(self, profile: JobProfile, slack: float, provisional: bool, now, timeout: float | None,
+              ends: bool = False) -> Placement:
+        """Place `profile`'s job, waiting (up to `timeout` s) while the placer says Wait. `ends`:
+        it declared its length; its measured profiles say so (a provisional one does not: it is
+        placed without a slack check)."""
         with self._cond:
             if profile.job in self.jobs and self.jobs[profile.job].placement is not None:
                 return self.jobs[profile.job].placement
             self._check_ever_fits(profile)
-            record = JobRecord(profile, slack, provisional=provisional, guessed=provisional)
+            if not provisional:
+                profile = replace(profile, ends=ends)
+            record = JobRecord(profile, slack, ends, provisional=provisional, guessed=provisional)
             self.jobs[profile.job] = record
             decision = self.queue.submit(profile, now())
             deadline = None if timeout is None else now() + timeout
@@ -186,7 +193,7 @@ class JobPlacer:
             log = events()
             try:
                 measured = profile_from_events(log, job, self.slot_s, models, slack=record.slack,
-                                               last_steps=self.profile_steps)
+                                               last_steps=self.profile_steps, ends=record.ends)
             except ValueError:
                 return None  # not enough step records to measure yet
             if not (record.provisional or drifted(record.profile, measured, self.drift_tolerance)):
@@ -198,7 +205,7 @@ class JobPlacer:
                 here = len(record.placement.devices)  # what it has where it stays
                 if measured.devices != here:
                     measured = profile_from_events(log, job, self.slot_s, models, devices=here, slack=record.slack,
-                                                   last_steps=self.profile_steps)
+                                                   last_steps=self.profile_steps, ends=record.ends)
                 self.placer.reprofile(measured)
                 self._measured_now(record, measured, now)
                 self._forecast(record.placement.group, now)
@@ -276,11 +283,11 @@ class JobPlacer:
 
 
 def admit_and_route(placer: JobPlacer, router: Router, telemetry: Telemetry, profile: JobProfile, slack: float,
-                    provisional: bool, timeout: float | None) -> tuple[int, Placement, float]:
+                    provisional: bool, timeout: float | None, ends: bool = False) -> tuple[int, Placement, float]:
     """Admit a job (waiting up to `timeout` s for room), route it to its group and log the
     placement: (group, placement, when admission began). Shared by every engine's control."""
     decided = telemetry.now()
-    placement = placer.admit(profile, slack, provisional, telemetry.now, timeout)
+    placement = placer.admit(profile, slack, provisional, telemetry.now, timeout, ends)
     group = placer.group_index(placement)
     router.assign(profile.job, group)
     telemetry.events.emit(telemetry.now(), "placement", job=profile.job, group=group,
