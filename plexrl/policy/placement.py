@@ -571,7 +571,7 @@ class Placer:
         name = self.view.groups[best.group].name
         where = (f"even the best placement (group {name!r}, phase shift {shift * h.slot_s:g} s) projects "
                  f"{best.score:.1f} device-s of overload over the horizon")
-        limit = self._limit(profile, all(self._placed[j].profile.ends for r in rows for j in h.names_on(r)))
+        limit = self._limit(profile, self._tenants_end(rows))
         if inflation > limit:
             return Wait(f"job {profile.job!r} would be slowed by {inflation:.0%}, beyond its slack of "
                         f"{limit:.0%}: {where}")
@@ -582,6 +582,10 @@ class Placer:
                         f"{slack:.0%}: {where}")
         devices = tuple(int(self.view.row_device[r]) for r in rows)
         return Placement(name, shift * h.slot_s + align_s, best.score, devices, inflation)
+
+    def _tenants_end(self, rows: list[int]) -> bool:
+        """Whether every job placed on `rows` ends (at once when every placed job does)."""
+        return self._open_ended == 0 or all(self._placed[j].profile.ends for r in rows for j in self.horizon.names_on(r))
 
     def _hurt_tenant(self, newcomer: JobProfile, rows: list[int], share: np.ndarray) -> tuple[str, float, float] | None:
         """The first job sharing a device of `rows` that the newcomer's `share` (ring order)
