@@ -333,6 +333,17 @@ def test_first_fit_takes_the_first_group_without_shifting():
     assert (decision.group, decision.phase_shift_s, decision.score) == ("pod0/g0", 0.0, 32.0)
 
 
+def test_first_fit_passes_over_a_group_that_would_slow_a_job_past_its_slack():
+    """The first group holds a job that clashes with the newcomer (10% slack): first fit takes
+    the next group that keeps both within slack, as it passes over a full bin, and waits only
+    when no group takes the job."""
+    placer = FirstFit(cluster(groups=2), horizon_slots=32, slot_s=1.0)
+    placer.place(job("a", ALWAYS), 0.0)
+    assert placer.place(job("b", ALWAYS), 0.0).group == "pod0/g1"
+    wait = placer.place(job("c", ALWAYS), 0.0)
+    assert isinstance(wait, Wait) and "beyond its slack of 10%" in wait.reason
+
+
 def test_phase_shift_lowers_contention_against_first_fit():
     """Every group is filled by all three placers (host memory is the limit), so the
     difference is only who shares and with which shift. The measured ratio is ~0.5 on these

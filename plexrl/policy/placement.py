@@ -111,8 +111,8 @@ end of its rollout wait for every device), so its inflation is the largest over 
     sum_i d_i * overload_i  /  sum_i d_i.
 First order: it ignores that a stretched phase moves the job's later phases.
 
-`FirstFit` is the baseline: the first memory-feasible group, no phase shift, devices with the
-fewest jobs.
+`FirstFit` is the baseline: the first group that takes the job (memory and slack), no phase
+shift, devices with the fewest jobs.
 """
 
 from __future__ import annotations
@@ -989,14 +989,26 @@ def step_inflation(load: np.ndarray, demand: np.ndarray, capacity: float) -> flo
 
 
 class FirstFit(Placer):
-    """Baseline: the first group (in topology order) where the memory fits, phase shift 0, the
-    devices with the fewest jobs (`ResourceView.choose_devices`)."""
+    """Baseline: the first group (in topology order) that takes the job, phase shift 0, the
+    devices with the fewest jobs (`ResourceView.choose_devices`). A group takes it when its
+    memory fits and the placement keeps every job within what it is judged by (`_judge`);
+    when none does, the job waits for the reason the first memory-feasible group gives. (A
+    group refused by the slack check is passed over, as first fit passes over a full bin: a
+    job does not wait for a shared group while a later one is free.)"""
 
     def _shift_slots(self, profile: JobProfile) -> np.ndarray:
         return np.zeros(1, dtype=np.int64)
 
     def _search(self, groups: np.ndarray, profile: JobProfile, share: np.ndarray) -> _Candidate:
-        g = int(groups[0])
+        first = None
+        for g in groups:
+            candidate = self._candidate(int(g), profile, share)
+            if isinstance(self._judge(profile, candidate, 0, share[0]), Placement):
+                return candidate
+            first = first or candidate
+        return first
+
+    def _candidate(self, g: int, profile: JobProfile, share: np.ndarray) -> _Candidate:
         rows = tuple(self.view.device_rows[d] for d in self.view.choose_devices(g, profile))
         lo = min(rows)
         hot = self.horizon.load[lo: max(rows) + 1] + share.max() > 1.0 + _TINY
