@@ -344,6 +344,22 @@ def test_first_fit_passes_over_a_group_that_would_slow_a_job_past_its_slack():
     assert isinstance(wait, Wait) and "beyond its slack of 10%" in wait.reason
 
 
+def test_packing_first_takes_a_loaded_group_within_slack_before_an_empty_one():
+    """Two jobs that hold both devices for half a step and five eighths of it cannot share
+    without overload: the default spreads b to the empty group; packing first puts it with a,
+    each slowed within its slack of 1.0; a job the loaded group cannot take within slack still
+    goes to the empty group."""
+    a, b = job("a", SQUARE, slack=1.0), job("b", (2, 2, 2, 2, 2, 0, 0, 0), slack=1.0)
+    spread, packing = Placer(cluster(), horizon_slots=32), Placer(cluster(), horizon_slots=32, pack_first=True)
+    for placer in (spread, packing):
+        placer.place(a, 0.0)
+    assert spread.place(b, 0.0).group == "pod0/g1"
+    packed = packing.place(b, 0.0)
+    assert packed.group == "pod0/g0" and 0.0 < packed.inflation <= 1.0
+    strict = packing.place(job("c", ALWAYS), 0.0)
+    assert strict.group == "pod0/g1"
+
+
 def test_phase_shift_lowers_contention_against_first_fit():
     """Every group is filled by all three placers (host memory is the limit), so the
     difference is only who shares and with which shift. The measured ratio is ~0.5 on these

@@ -199,6 +199,20 @@ def test_the_pack_limit_reaches_the_placer():
         assert c.control.target.placer.placer.pack_limit is None
 
 
+def test_the_placement_setting_reaches_the_placer():
+    """`ClusterConfig.placement`: phase-shift (default: spread while there is room), pack-first
+    (`Placer(pack_first=True)`) or first-fit; anything else is refused naming the choices."""
+    from plexrl.policy.placement import FirstFit, Placer
+
+    for placement, pack_first, cls in (("phase-shift", False, Placer), ("pack-first", True, Placer),
+                                       ("first-fit", False, FirstFit)):
+        with plexrl.LocalCluster(devices=1, placement=placement) as c:
+            placer = c.control.target.placer.placer
+            assert type(placer) is cls and placer.pack_first is pack_first
+    with pytest.raises(errors.ConfigError, match="pack-first"):
+        plexrl.LocalCluster(devices=1, placement="pack")
+
+
 def test_a_refused_replacement_says_why():
     """A job admitted on its provisional guess whose measured profile the placer will not re-place
     (its one device is busy with another job's guess all the time) stays where it is, and the placement

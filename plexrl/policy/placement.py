@@ -111,6 +111,15 @@ end of its rollout wait for every device), so its inflation is the largest over 
     sum_i d_i * overload_i  /  sum_i d_i.
 First order: it ignores that a stretched phase moves the job's later phases.
 
+Packing first (an option, `Placer(pack_first=True)`; WEAVE's order: pack into an existing
+group when every member stays within its SLO, else open a new one). By default a job that fits
+on devices nobody uses goes there (spread while there is room) and shares only when the search
+finds no better. Packing first takes the first group already carrying load (most first) whose
+placement the judgement accepts, and searches as before only when none does: the tenants pay
+up to their slack (or the pack limit) now so that devices stay free for a later job, which
+helps when one comes and costs a little speed when none does. `plexrl sim WORKLOAD` runs it as
+`plexrl-pack`; the default stays spread.
+
 `FirstFit` is the baseline: the first group that takes the job (memory and slack), no phase
 shift, devices with the fewest jobs.
 """
@@ -178,15 +187,17 @@ class Placer:
     decision; a period longer than that many slots is searched with a coarser stride.
     `pack_limit`: the largest slack a placement judges a job by when it and every job it
     would share devices with end (`JobProfile.ends`; see "Packing when it pays"); None judges
-    each job by its own slack."""
+    each job by its own slack. `pack_first`: a group already carrying jobs takes the newcomer
+    when the judgement lets it, before an empty one does (see "Packing first")."""
 
     def __init__(self, view: ResourceView, horizon_slots: int = 1024, slot_s: float = 1.0, max_shifts: int = 64,
-                 pack_limit: float | None = PACKING_PAYS, pooled: bool = False):
+                 pack_limit: float | None = PACKING_PAYS, pooled: bool = False, pack_first: bool = False):
         if max_shifts < 1:
             raise ValueError(f"max_shifts must be >= 1, got {max_shifts}")
         if pack_limit is not None and not pack_limit >= 0:
             raise ValueError(f"pack_limit must be >= 0 (a fraction of a step) or None, got {pack_limit}")
         self.pack_limit = pack_limit
+        self.pack_first = pack_first
         self.pooled = pooled  # a group's devices run any of its jobs' calls (`pooled_inflation`)
         self.view = view
         self.horizon = Horizon(len(view.row_device), horizon_slots, slot_s)
@@ -240,8 +251,32 @@ class Placer:
         # complementary jobs can be exactly disjoint; the wait for the boundary is part of the shift.
         aligned = math.ceil(now / self.horizon.slot_s - 1e-9) * self.horizon.slot_s
         share = self._shifted_share(profile, aligned, shifts)
+        if self.pack_first:
+            packed = self._packed(groups, profile, shifts, share, aligned - now)
+            if packed is not None:
+                return packed
         best = self._search(groups, profile, share)
         return self._judge(profile, best, int(shifts[best.shift]), share[best.shift], aligned - now)
+
+    def _packed(self, groups: np.ndarray, profile: JobProfile, shifts: np.ndarray, share: np.ndarray,
+                align_s: float) -> Placement | None:
+        """`pack_first`: the placement in the first group already carrying load, in the
+        search's tie order (most carried first), whose best devices and shift (`_visit` on that
+        group alone) the judgement accepts; None when no such group takes the job."""
+        row_load, _ = self._row_sums_and_maxima()
+        carried = self._carried(groups, row_load)
+        self._units = self.view.units_per_node(profile)
+        try:
+            for k in np.lexsort((groups, -carried)):
+                if carried[k] <= 0.0:
+                    return None
+                best = self._visit(groups[k: k + 1], profile, share)
+                decision = self._judge(profile, best, int(shifts[best.shift]), share[best.shift], align_s)
+                if isinstance(decision, Placement):
+                    return decision
+            return None
+        finally:
+            self._units = None
 
     def commit(self, profile: JobProfile, placement: Placement, now: float) -> None:
         if len(placement.devices) != profile.devices:

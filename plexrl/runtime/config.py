@@ -15,7 +15,7 @@ from plexrl.policy import Policy
 from plexrl.policy.placement import PACKING_PAYS
 
 MiB = 1 << 20
-PLACEMENTS = ("phase-shift", "first-fit")
+PLACEMENTS = ("phase-shift", "pack-first", "first-fit")
 TORCH_DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")  # runtime/precision.py says what each means
 
@@ -29,7 +29,7 @@ class ClusterConfig:
     device_memory_bytes: int = 256 * MiB
     host_memory_bytes: int = 2048 * MiB  # per node: every state's host copy
     policy: str = "plexrl"  # request priority: plexrl (switch-aware HRRN), hrrn, sjf, fcfs
-    placement: str = "phase-shift"  # or first-fit
+    placement: str = "phase-shift"  # or pack-first (`Placer(pack_first=True)`), first-fit
     slot_s: float = 0.05  # the placer's time slot
     horizon_slots: int = 1024  # the placer's cyclic horizon
     profile_steps: int = 3  # step marks between profile measurements

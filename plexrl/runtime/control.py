@@ -54,7 +54,8 @@ class Control:
                                     devices_per_node=config.devices_per_node, device_bytes=config.device_memory_bytes,
                                     host_bytes=config.host_memory_bytes)
         self.placer = JobPlacer(view, config.horizon_slots, config.slot_s, config.placement == "first-fit",
-                                config.profile_steps, pack_limit=config.pack_limit)
+                                config.profile_steps, pack_limit=config.pack_limit,
+                                pack_first=config.placement == "pack-first")
         self.router = Router()
         self.handles: dict[str, object] = {}  # state id -> StateHandle
         self.checkpoints: dict[str, Checkpoint] = {}

@@ -39,8 +39,8 @@ class MemoPlacer:
     def __init__(self, placer: Placer, memo: PlacementMemo):
         self.placer, self.memo = placer, memo
         view, horizon = placer.view, placer.horizon
-        self._history = memo.history(-1, (type(placer).__name__, placer.max_shifts, placer.pack_limit, horizon.slots,
-                                          horizon.slot_s,
+        self._history = memo.history(-1, (type(placer).__name__, placer.max_shifts, placer.pack_limit, placer.pack_first,
+                                          horizon.slots, horizon.slot_s,
                                           tuple(g.name for g in view.groups), len(view.row_device)))
 
     def place(self, profile: JobProfile, now: float) -> Placement | Wait:

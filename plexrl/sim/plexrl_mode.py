@@ -191,6 +191,14 @@ def no_shift(workload, cluster, policy) -> PlexRLMode:
     return mode
 
 
+def pack_first(workload, cluster, policy) -> PlexRLMode:
+    """The Placer packing first (`Placer(pack_first=True)`): a group already carrying jobs
+    takes a newcomer whenever every job there stays within what it is judged by."""
+    mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, pack_first=True))
+    mode.name = "plexrl-pack"
+    return mode
+
+
 def whole_tail(workload, cluster, policy) -> PlexRLMode:
     mode = PlexRLMode(workload, cluster, policy, tail=Tail.NEVER)
     mode.name = "plexrl-wholetail"

@@ -3,7 +3,8 @@
 Modes: `colocated`, `split`, and PlexRL once per request policy — `plexrl` (the switch-aware
 priority) and `plexrl-hrrn`, `plexrl-sjf`, `plexrl-fcfs`, all with phase-shift placement — and
 `plexrl-firstfit` (switch-aware priority, first-fit placement), `plexrl-noshift` (the Placer's
-groups and devices without phase shifts), `plexrl-wholetail` (PlexRL without long-tail
+groups and devices without phase shifts), `plexrl-pack` (the Placer packing into groups that
+already carry jobs first, `Placer(pack_first=True)`), `plexrl-wholetail` (PlexRL without long-tail
 consolidation: every sampler worker stays through the tail) and `plexrl-alltail` (every job
 consolidates its tails, sharing or not; `plexrl` consolidates only while a job shares its GPUs).
 Every PlexRL mode places with the workload's `pack_limit` (the operator's setting, default
@@ -22,7 +23,7 @@ from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import ColocatedMode
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
-from plexrl.sim.plexrl_mode import PlexRLMode, all_tail, first_fit, no_shift, whole_tail
+from plexrl.sim.plexrl_mode import PlexRLMode, all_tail, first_fit, no_shift, pack_first, whole_tail
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.split_mode import SplitMode
@@ -39,6 +40,7 @@ def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
         table[f"plexrl-{policy.value}"] = lambda w, c, p=policy: PlexRLMode(w, c, p)
     table["plexrl-firstfit"] = lambda w, c: first_fit(w, c, Policy.PLEXRL)
     table["plexrl-noshift"] = lambda w, c: no_shift(w, c, Policy.PLEXRL)
+    table["plexrl-pack"] = lambda w, c: pack_first(w, c, Policy.PLEXRL)
     table["plexrl-wholetail"] = lambda w, c: whole_tail(w, c, Policy.PLEXRL)
     table["plexrl-alltail"] = lambda w, c: all_tail(w, c, Policy.PLEXRL)
     return table
