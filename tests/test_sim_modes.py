@@ -118,3 +118,26 @@ def test_over_seeds_reports_each_seed_and_its_worst():
     assert row["slowdown_p95_max"] == max(r["slowdown_p95"] for r in per_seed)
     with pytest.raises(ValueError, match="seeds = 0"):
         over_seeds(workload(), CLUSTER, 0, modes)
+
+
+def test_the_cost_cut_prices_the_same_steps_at_colocated_prices():
+    """A mode that completes more of the costliest class's steps (the run's end cut colocated's
+    large job off) is not charged for that mix: each class's steps are priced at colocated's
+    cost per step of that class. Here each class costs 20% less, and the cut is 20%, where the
+    ratio of the two averages would call it a 47% increase; a class colocated never ran is left out."""
+    from plexrl.sim.report import cost_reduction, gpu_hours_per_step
+    from plexrl.sim.runner import JobRecord, ModeResult
+
+    def record(name, kind, steps, gpu_s_per_step):
+        return JobRecord(name, 8, 0.0, 0.0, None, steps, [1.0] * steps, steps * gpu_s_per_step, 0.0, 0, 0, kind=kind)
+
+    def result(records):
+        return ModeResult("m", 16, records, 100.0, 0, 0.0, 0.0, 0.0)
+
+    base = result([record("small-0", "small", 10, 100.0), record("large-0", "large", 1, 1000.0),
+                   record("odd-0", "odd", 0, 0.0)])
+    mode = result([record("small-0", "small", 10, 80.0), record("large-0", "large", 5, 800.0),
+                   record("odd-0", "odd", 3, 5.0)])
+    assert cost_reduction(mode, base) == pytest.approx(0.2)
+    assert gpu_hours_per_step(mode) / gpu_hours_per_step(base) == pytest.approx(1.47125)  # the mix, not a price
+    assert cost_reduction(base, base) == 0.0

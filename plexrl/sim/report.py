@@ -2,6 +2,8 @@
 
 Cost is GPU-hours per step: reserved GPUs x wall time for the baselines, consumed GPU time
 (execution + switch-in) for PlexRL, summed over jobs and divided by the steps they completed.
+The cost reduction prices each job's completed steps at its class's colocated cost per step
+(`cost_reduction`), so a mode is not charged for completing a costlier mix of steps.
 Slowdown is a job's mean step time over its colocated mean step time (queueing excluded).
 A job that never started counts its queueing delay up to the end of the run; a job that did
 not finish counts its completion time (queueing + run) up to the end of the run.
@@ -26,6 +28,24 @@ from plexrl.sim.runner import ModeResult
 def gpu_hours_per_step(result: ModeResult) -> float:
     steps = sum(r.steps for r in result.records)
     return sum(r.charged_gpu_s for r in result.records) / max(steps, 1) / 3600
+
+
+def cost_reduction(result: ModeResult, baseline: ModeResult) -> float:
+    """The user's saving against colocated on the steps this mode completed: 1 - what it
+    charged for them over what colocated charges for the same steps, each job's steps priced
+    at its class's colocated GPU-hours per step (`JobRecord.kind`). When every job completes
+    its steps in both modes this is 1 - `gpu_hours_per_step` over colocated's; when the run's
+    end cuts jobs off, the modes complete different mixes (one that starts more 235B-class jobs
+    completes more of the costliest steps), and the ratio of the two averages would count that
+    mix as a price. Jobs of a class colocated completed no step of are left out of both sides."""
+    charged, steps = {}, {}
+    for r in baseline.records:
+        charged[r.kind] = charged.get(r.kind, 0.0) + r.charged_gpu_s
+        steps[r.kind] = steps.get(r.kind, 0) + r.steps
+    price = {kind: charged[kind] / n for kind, n in steps.items() if n > 0}
+    priced = [r for r in result.records if r.kind in price]
+    at_colocated = sum(r.steps * price[r.kind] for r in priced)
+    return 1.0 - sum(r.charged_gpu_s for r in priced) / at_colocated if at_colocated > 0 else 0.0
 
 
 def queue_delays(result: ModeResult) -> np.ndarray:
@@ -90,7 +110,7 @@ def cotenancy(result: ModeResult) -> dict:
 
 
 def summarize(result: ModeResult, baseline: ModeResult) -> dict:
-    cost, base_cost = gpu_hours_per_step(result), gpu_hours_per_step(baseline)
+    cost = gpu_hours_per_step(result)
     slow = slowdowns(result, baseline)
     delays = queue_delays(result)
     jct = completion_times(result)
@@ -98,7 +118,7 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
     cluster_cost, base_cluster_cost = cluster_gpu_hours_per_step(result), cluster_gpu_hours_per_step(baseline)
     return {
         "gpu_hours_per_step": cost,
-        "cost_reduction_vs_colocated": 1 - cost / base_cost if base_cost > 0 else 0.0,
+        "cost_reduction_vs_colocated": cost_reduction(result, baseline),
         "slowdown_mean": float(slow.mean() - 1) if len(slow) else float("nan"),
         "slowdown_p95": float(np.percentile(slow, 95) - 1) if len(slow) else float("nan"),
         "makespan_s": span,

@@ -57,6 +57,7 @@ class JobRecord:
     solo_s: float = 0.0  # what its completed steps take alone on its GPUs, every state resident
     predicted_inflation: float | None = None  # the placer's prediction, averaged over its steps (PlexRL modes)
     shared: bool = False  # it shared a GPU with another job at some time (PlexRL modes)
+    kind: str = ""  # its class: the workload entry it is one of (`JobSpec.name`)
 
     @property
     def realised_inflation(self) -> float | None:
@@ -200,7 +201,7 @@ class Mode:
                 job.name, self.gpus_of(job.spec), job.arrival, job.started, job.finished, job.step,
                 list(job.step_times), self.charged_gpu_s(job, end),
                 0.0 if usage is None else usage.switch_s, job.submitted, job.served,
-                job.spec.slack, job.solo_s(), predicted, shared,
+                job.spec.slack, job.solo_s(), predicted, shared, job.spec.name,
             ))
         s = self.service
         start, stop, gpus = np.frombuffer(s.busy, dtype=np.float64).reshape(-1, 3).T.copy()
