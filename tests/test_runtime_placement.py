@@ -222,7 +222,7 @@ def test_a_refused_replacement_says_why():
 
     models = [ModelMemory("policy", MiB, MiB)]
     placer = JobPlacer(ResourceView.uniform(1, 1, 1, 1, 64 * MiB, 256 * MiB), horizon_slots=64, slot_s=0.1,
-                       first_fit=False, profile_steps=2)
+                       placement="phase-shift", profile_steps=2)
     clock = lambda: 0.0  # noqa: E731
     for job in ("busy", "guess"):  # both on a guess: admitted without a slack check, on the one device
         placer.admit(provisional_profile(job, models, 0.1), 0.1, True, clock, 5.0)

@@ -263,14 +263,11 @@ class Placer:
         """`pack_first`: the placement in the first group already carrying load, in the
         search's tie order (most carried first), whose best devices and shift (`_visit` on that
         group alone) the judgement accepts; None when no such group takes the job."""
-        row_load, _ = self._row_sums_and_maxima()
-        carried = self._carried(groups, row_load)
+        order, carried = self._tie_order(groups, self._row_sums_and_maxima()[0])
         self._units = self.view.units_per_node(profile)
         try:
-            for k in np.lexsort((groups, -carried)):
-                if carried[k] <= 0.0:
-                    return None
-                best = self._visit(groups[k: k + 1], profile, share)
+            for g in order[carried > 0.0]:
+                best = self._visit(np.array([g]), profile, share)
                 decision = self._judge(profile, best, int(shifts[best.shift]), share[best.shift], align_s)
                 if isinstance(decision, Placement):
                     return decision
@@ -405,7 +402,7 @@ class Placer:
         cool_rows = row_max + peak <= 1.0 + _TINY  # no cell where the job could overload
         all_cool = self._all_cool(cool_rows, profile)
         zero_ahead = bool(all_cool[groups].any())
-        order = groups[np.lexsort((groups, -self._carried(groups, row_load)))]
+        order, _ = self._tie_order(groups, row_load)
         best: _Candidate | None = None
         for lo_g in range(0, len(order), _BOUND_BLOCK):
             block = [int(g) for g in order[lo_g: lo_g + _BOUND_BLOCK]]
@@ -586,6 +583,13 @@ class Placer:
         first = int(self.view.group_first_node[group])
         units = self._units if self._units is not None else self.view.units_per_node(profile)
         return [(n, int(units[n])) for n in range(first, first + len(self.view.groups[group].nodes)) if units[n] > 0]
+
+    def _tie_order(self, groups: np.ndarray, row_load: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`groups` in the search's tie order (most carried load first, then topology order),
+        with the load each carries (`_carried`), in that order."""
+        carried = self._carried(groups, row_load)
+        order = np.lexsort((groups, -carried))
+        return groups[order], carried[order]
 
     def _carried(self, groups: np.ndarray, row_load: np.ndarray) -> np.ndarray:
         """Projected demand already on each group (rounded so float residue cannot break ties)."""

@@ -8,14 +8,16 @@ ConfigError naming the field, the value and what was expected, before anything s
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 
 from plexrl.api import errors
 from plexrl.policy import Policy
-from plexrl.policy.placement import PACKING_PAYS
+from plexrl.policy.placement import PACKING_PAYS, FirstFit, Placer
 
 MiB = 1 << 20
-PLACEMENTS = ("phase-shift", "pack-first", "first-fit")
+# `placement` -> the policy's placer that the runtime's JobPlacer builds
+PLACEMENTS = {"phase-shift": Placer, "pack-first": partial(Placer, pack_first=True), "first-fit": FirstFit}
 TORCH_DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")  # runtime/precision.py says what each means
 

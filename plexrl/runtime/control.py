@@ -53,9 +53,8 @@ class Control:
         view = ResourceView.uniform(pods=1, groups_per_pod=config.nodes, nodes_per_group=1,
                                     devices_per_node=config.devices_per_node, device_bytes=config.device_memory_bytes,
                                     host_bytes=config.host_memory_bytes)
-        self.placer = JobPlacer(view, config.horizon_slots, config.slot_s, config.placement == "first-fit",
-                                config.profile_steps, pack_limit=config.pack_limit,
-                                pack_first=config.placement == "pack-first")
+        self.placer = JobPlacer(view, config.horizon_slots, config.slot_s, config.placement,
+                                config.profile_steps, pack_limit=config.pack_limit)
         self.router = Router()
         self.handles: dict[str, object] = {}  # state id -> StateHandle
         self.checkpoints: dict[str, Checkpoint] = {}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -32,12 +31,10 @@ from plexrl import errors
 from plexrl.policy import (
     MEASURED_STEPS,
     AdmissionQueue,
-    FirstFit,
     Forecast,
     JobProfile,
     ModelMemory,
     Placement,
-    Placer,
     ResourceView,
     Wait,
     drifted,
@@ -45,6 +42,7 @@ from plexrl.policy import (
     profile_from_events,
 )
 from plexrl.policy.placement import PACKING_PAYS
+from plexrl.runtime.config import PLACEMENTS
 
 if TYPE_CHECKING:
     from plexrl.runtime.router import Router
@@ -73,10 +71,9 @@ class JobRecord:
 
 
 class JobPlacer:
-    def __init__(self, view: ResourceView, horizon_slots: int, slot_s: float, first_fit: bool,
-                 profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = PACKING_PAYS,
-                 pack_first: bool = False):
-        placer_cls = FirstFit if first_fit else partial(Placer, pack_first=pack_first)
+    def __init__(self, view: ResourceView, horizon_slots: int, slot_s: float, placement: str,
+                 profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = PACKING_PAYS):
+        placer_cls = PLACEMENTS[placement]  # `ClusterConfig.placement`
         # pooled: the group scheduler runs a group's states on whichever of its devices is free
         self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s, pack_limit=pack_limit, pooled=True)
         self.queue = AdmissionQueue(self.placer)
