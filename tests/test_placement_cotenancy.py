@@ -113,12 +113,31 @@ def test_long_calls_make_a_newcomer_wait():
 
 def test_a_tenant_measured_past_its_slack_takes_nobody_onto_its_devices():
     placer = Placer(view(), horizon_slots=64, slot_s=1.0)
-    placer.place(job("a", BUSY, 4, 0.1), 0.0)
-    newcomer = job("b", BUSY, 4, 0.1, slack=1.0)
-    assert isinstance(Placer(view(), 64, 1.0).decide(newcomer, 0.0), Placement)
+    placer.place(job("a", SCATTERED, 4, 0.1), 0.0)
+    newcomer = job("b", SCATTERED, 4, 0.1, slack=1.0)
+    assert isinstance(placer.decide(newcomer, 0.0), Placement)  # predicted: a 5% slow with b, within 10%
     placer.observe("a", 0.12)  # a runs 12% slow (measured): beyond its 10% slack
     decision = placer.decide(newcomer, 0.0)
     assert isinstance(decision, Wait) and "would slow job 'a'" in decision.reason
+
+
+def test_a_measured_tenant_stays_measured_when_it_is_reprofiled_or_refused_a_move():
+    """What a job was measured at where it runs holds while it stays there: a new profile of it
+    (`reprofile`), or a re-placement that finds no better place (`replace` -> Wait), keeps
+    admission judging its devices by the measurement, not by the model's prediction again."""
+    newcomer = job("b", SCATTERED, 4, 0.1, slack=1.0)
+    for keep in ("reprofile", "replace"):
+        placer = Placer(view(), horizon_slots=64, slot_s=1.0)
+        placer.place(job("a", SCATTERED, 4, 0.1), 0.0)
+        assert isinstance(placer.decide(newcomer, 0.0), Placement)  # predicted: a 5% slow with b
+        placer.observe("a", 0.08)  # a runs 8% slow alone (measured): with b's 5 points, past its 10%
+        if keep == "reprofile":
+            placer.reprofile(job("a", SCATTERED, 4, 0.1))
+        else:  # too big for any group now: it keeps its place
+            huge = replace(job("a", SCATTERED, 4, 0.1), models=(ModelMemory("m", 20 * GiB, GiB),))
+            assert isinstance(placer.replace(huge, 0.0), Wait)
+        decision = placer.decide(newcomer, 0.0)
+        assert isinstance(decision, Wait) and "would slow job 'a'" in decision.reason, keep
 
 
 def test_a_tenant_measured_under_its_prediction_makes_room():

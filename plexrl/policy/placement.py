@@ -305,11 +305,13 @@ class Placer:
         A new group in the answer means a migration (spill, then restore on the new group)."""
         if profile.job not in self._placed:
             raise ValueError(f"job {profile.job!r} is not placed; use place()")
-        old = self._placed[profile.job]
+        old, measured = self._placed[profile.job], self._measured.get(profile.job)
         self.release(profile.job)
         decision = self.place(profile, now)
         if isinstance(decision, Wait):
             self._hold(old)
+            if measured is not None:  # it stays where it was measured: admission still judges it by that
+                self._measured[profile.job] = measured
         return decision
 
     def reprofile(self, profile: JobProfile) -> None:
@@ -317,12 +319,14 @@ class Placer:
         phase. What the placer projects and judges from now on rests on it; a re-placement it
         was refused leaves the job running there, and its guess would mislead every decision
         after. Its device count must be the placement's."""
-        old = self._placed[profile.job]
+        old, measured = self._placed[profile.job], self._measured.get(profile.job)
         if profile.devices != len(old.placement.devices):
             raise ValueError(f"job {profile.job!r} is placed on {len(old.placement.devices)} devices; a profile "
                              f"of {profile.devices} needs a re-placement")
         self.release(profile.job)
         self._hold(_Placed(profile, old.placement, old.anchor_s))
+        if measured is not None:  # measured where it still is: a new profile does not undo that
+            self._measured[profile.job] = measured
 
     def profile_of(self, job: str) -> JobProfile:
         """The profile `job` was placed with (what `drifted` compares a measured one against)."""

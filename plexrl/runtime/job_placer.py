@@ -225,6 +225,7 @@ class JobPlacer:
         """`measured` is the profile the placer holds for the job from now on."""
         record.profile = measured
         record.step_marks = [now]  # measured against its new profile from here on
+        record.measured = None  # so its first inflation measured against it is told, changed or not
         if record.guessed:  # its predictions count from its first measured profile
             record.guessed, record.forecast = False, Forecast(now)
 
