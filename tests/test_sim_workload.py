@@ -120,3 +120,32 @@ def test_cli_bad_file_is_one_line_not_a_traceback(tmp_path, capsys):
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert "jobs.0.params_b = 0" in err and "Traceback" not in err
+
+
+def test_cli_tables_fit_an_80_column_terminal_without_cutting_a_figure(tmp_path, capsys):
+    """`plexrl sim`'s tables (every mode, over seeds too) print whole in 80 columns: no line is
+    wider, no cell is shortened to an ellipsis, and every mode's figures are there."""
+    import io
+
+    from rich.console import Console
+
+    from plexrl.sim.cli import SEED_TABLES, USER_TABLES, _cell, show
+
+    path = tmp_path / "w.yaml"
+    path.write_text("name: cli\ncluster: h200-256\njobs:\n"
+                    "  - {name: a, count: 2, params_b: 7, steps: 2, reward_s: 200, rollout: {prompts: 32}}\n")
+    assert main([str(path), "--json", "--seeds", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    out = io.StringIO()
+    show(doc, Console(file=out, width=80, color_system=None))
+    text = out.getvalue()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for mode in doc["results"]:  # one row in each table
+        rows = [line for line in text.splitlines() if line.startswith(f"│ {mode} ")]
+        assert len(rows) == len(USER_TABLES) + len(SEED_TABLES), mode
+    for results, tables in ((doc["results"], USER_TABLES), (doc["over_seeds"]["modes"], SEED_TABLES)):
+        for mode, summary in results.items():
+            for _, cols in tables:
+                for _, key in cols:
+                    assert _cell(key, summary.get(key)) in text

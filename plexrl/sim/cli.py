@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from rich.console import Console
@@ -108,43 +109,52 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The report's tables, each narrow enough for an 80-column terminal: (title, columns), where a
+# column is (header, result key). Every table starts with the mode.
+USER_TABLES = (
+    ("the user's side", [("GPU-h/step", "gpu_hours_per_step"), ("cost cut", "cost_reduction_vs_colocated"),
+                         ("slowdown mean", "slowdown_mean"), ("p95", "slowdown_p95"), ("in slack", "within_slack")]),
+    ("time (hours)", [("makespan", "makespan_s"), ("floor", "makespan_floor_s"), ("queue p50", "queue_delay_p50_s"),
+                      ("p99", "queue_delay_p99_s"), ("util", "utilization"), ("switch share", "switch_overhead_share")]),
+    ("the operator's side", [("steps", "steps"), ("JCT mean h", "jct_mean_s"),
+                             ("cluster GPU-h/step", "cluster_gpu_hours_per_step"),
+                             ("capacity vs colocated", "capacity_vs_colocated")]),
+    ("the placer's inflation model: predicted vs realised",
+     [("predicted", "inflation_predicted_mean"), ("realised", "inflation_realised_mean"), ("MAE", "inflation_mae"),
+      ("MAE shared", "inflation_mae_shared"), ("jobs shared", "jobs_shared")]),
+)
+SEED_TABLES = (
+    ("cost and speed", [("cost cut mean", "cost_reduction_mean"), ("min", "cost_reduction_min"),
+                        ("slowdown mean", "slowdown_mean_mean"), ("worst", "slowdown_mean_max"),
+                        ("worst p95", "slowdown_p95_max"), ("in slack min", "within_slack_min")]),
+    ("work", [("steps mean", "steps_mean"), ("capacity mean", "capacity_vs_colocated_mean"),
+              ("JCT mean h", "jct_mean_s_mean"), ("makespan mean h", "makespan_s_mean"),
+              ("MAE mean", "inflation_mae_mean")]),
+)
+
+
 def show(doc: dict, console: Console) -> None:
-    table = Table(title=f"{doc['workload']} on {doc['cluster']} ({doc['gpus']} GPUs)")
-    cols = [
-        ("mode", None), ("GPU-h/step", "gpu_hours_per_step"), ("cost cut", "cost_reduction_vs_colocated"),
-        ("slowdown mean", "slowdown_mean"), ("p95", "slowdown_p95"), ("in slack", "within_slack"),
-        ("makespan h", "makespan_s"), ("floor h", "makespan_floor_s"), ("queue p50 h", "queue_delay_p50_s"), ("p99 h", "queue_delay_p99_s"),
-        ("util", "utilization"), ("switch share", "switch_overhead_share"),
-    ]
-    _table(table, cols, doc["results"])
-    console.print(table)
-    table = Table(title="the operator's side (and the placer's inflation model: predicted vs realised)")
-    cols = [
-        ("mode", None), ("steps", "steps"), ("JCT mean h", "jct_mean_s"), ("cluster GPU-h/step", "cluster_gpu_hours_per_step"),
-        ("capacity vs colocated", "capacity_vs_colocated"), ("inflation pred", "inflation_predicted_mean"),
-        ("real", "inflation_realised_mean"), ("MAE", "inflation_mae"), ("MAE shared", "inflation_mae_shared"),
-        ("jobs shared", "jobs_shared"),
-    ]
-    _table(table, cols, doc["results"])
-    console.print(table)
+    console.print(f"[bold]{doc['workload']}[/bold] on {doc['cluster']} ({doc['gpus']} GPUs)")
+    for title, cols in USER_TABLES:
+        console.print(_table(title, cols, doc["results"]))
     console.print(f"{doc['events']:,} events in {doc['wall_s']:.2f} s wall: {doc['events_per_s']:,.0f} events/s "
                   f"({doc['processes']} processes; {doc['events_per_process_s']:,.0f} events/s per process)")
     if "over_seeds" in doc:
-        table = Table(title=f"over seeds {doc['over_seeds']['seeds']}")
-        cols = [("mode", None), ("cost cut mean", "cost_reduction_mean"), ("min", "cost_reduction_min"),
-                ("slowdown mean", "slowdown_mean_mean"), ("worst", "slowdown_mean_max"), ("worst p95", "slowdown_p95_max"),
-                ("in slack min", "within_slack_min"), ("steps mean", "steps_mean"),
-                ("capacity mean", "capacity_vs_colocated_mean"), ("JCT mean h", "jct_mean_s_mean"),
-                ("MAE mean", "inflation_mae_mean")]
-        _table(table, cols, doc["over_seeds"]["modes"])
-        console.print(table)
+        for title, cols in SEED_TABLES:
+            console.print(_table(f"over seeds {doc['over_seeds']['seeds']}: {title}", cols, doc["over_seeds"]["modes"]))
 
 
-def _table(table: Table, cols: list[tuple[str, str | None]], results: dict) -> None:
-    for name, _ in cols:
-        table.add_column(name, justify="right")
-    for mode, s in results.items():
-        table.add_row(mode, *(_cell(key, s.get(key)) for _, key in cols[1:]))
+def _table(title: str, cols: list[tuple[str, str]], results: dict) -> Table:
+    """One row per mode. A column is as wide as its widest figure or header word: headers wrap to
+    it, so the table is as narrow as it can be, and no figure or mode name shrinks to an ellipsis."""
+    rows = [(mode, *(_cell(key, s.get(key)) for _, key in cols)) for mode, s in results.items()]
+    table = Table(title=title)
+    for k, name in enumerate(["mode", *(name for name, _ in cols)]):
+        widest = max([len(row[k]) for row in rows] + [len(word) for word in name.split()])
+        table.add_column(textwrap.fill(name, widest), justify="left" if k == 0 else "right", min_width=widest)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def _cell(key: str, v) -> str:
