@@ -173,6 +173,34 @@ def test_a_step_clock_measures_the_period_from_its_boundaries_less_the_delay():
     assert clock.deadline(12.0) == 12.0 + 4.0 - 1.5
 
 
+def test_a_steps_overrun_spills_into_the_next_and_is_paid_back():
+    """What a step waits beyond its budget (slack x period) counts against the next step's
+    budget (the paper: "the overrun spills into later steps"), so a job whose mean slowdown is
+    past its slack stays urgent; a step that waits less than its budget pays the overrun back."""
+    clock = StepClock(0.1, period_s=100.0)  # a budget of 10 s a step
+    clock.begin(0.0)
+    clock.delayed(25.0)  # 15 s past its budget
+    clock.begin(125.0)
+    assert clock.delay_s == 15.0 and clock.deadline(126.0) == 126.0 + 10.0 - 15.0  # urgent from the start
+    clock.delayed(2.0)  # 8 s under: the carried 15 s shrink to 7
+    clock.begin(227.0)
+    assert clock.delay_s == 7.0
+    clock.begin(327.0)  # a step with no wait pays back the rest
+    assert clock.delay_s == 0.0 and clock.deadline(328.0) == 338.0
+
+
+def test_a_measured_clock_learns_the_period_from_the_steps_own_wait_only():
+    clock = StepClock(0.5)
+    clock.begin(0.0)
+    clock.delayed(2.0)
+    clock.begin(10.0)  # 8 s alone; nothing carried out of a step whose budget was unknown
+    assert clock.period_s == 8.0 and clock.delay_s == 0.0
+    clock.delayed(7.0)  # 3 s past its 4 s budget
+    clock.begin(25.0)  # a 15 s step that itself waited 7 s: 8 s alone, not 5
+    assert clock.period_s == 8.0 and clock.delay_s == 3.0
+    assert StepClock.none().deadline(0.0) == np.inf
+
+
 def test_a_step_clock_with_a_given_period_keeps_it():
     clock = StepClock(0.1, period_s=100.0)
     clock.begin(0.0)

@@ -9,7 +9,8 @@ arrival. Ties go to the earlier submission. Non-preemptive at function granulari
 
 Slack (paper, Fig. 8 text; `plexrl` only): a request may carry the time its job's slack for
 the current step runs out (`ReadyQueue.add(..., deadline=...)`: its arrival plus the step's
-slack in seconds less the delay already injected into the step: `StepClock`, kept per job by
+slack in seconds less the delay already injected into the step, and the overrun earlier steps
+carried in: `StepClock`, kept per job by
 the simulator and by the runtime's group scheduler from the job's step marks). A request that cannot
 wait another service time without overrunning it, `deadline - t <= S_i`, goes before every
 request that can; among such requests the priority above decides. Without deadlines (inf,
@@ -55,19 +56,25 @@ class StepClock:
     """One job's slack in its current step, what the slack term of `plexrl` ranks by (DESIGN §5:
     "the scheduler tracks each job's injected delay against its slack"). A request of the job
     that becomes ready at `t` must start by `deadline(t)` = t + slack * period - delay, where
-    `delay` is what the step's earlier calls waited; the step's budget resets at each step
-    boundary (`begin`). `period_s` is the job's step time alone: given (the simulator: the
-    profile's period) or measured at each boundary as the step's duration less its delay (the
-    runtime); unknown (inf) until then, and so no deadline. Time is passed in."""
+    `delay` is what the step's earlier calls waited plus the overrun carried in: at each step
+    boundary (`begin`) the step's budget, slack * period, starts afresh, and what the step that
+    ended waited beyond its budget spills into the next one (the paper's "the overrun spills into
+    later steps"). So a job stays urgent while its delay summed over its steps exceeds the
+    budgets summed (its mean slowdown is past its slack: the SLO), not only late in each step,
+    and pays the overrun back as it runs ahead. `period_s` is the job's step time alone: given
+    (the simulator: the profile's period) or measured at each boundary as the step's duration
+    less what the step itself waited (the runtime); unknown (inf) until then, and so no deadline
+    and nothing carried. Time is passed in."""
 
-    __slots__ = ("slack", "period_s", "measured", "started_s", "delay_s")
+    __slots__ = ("slack", "period_s", "measured", "started_s", "delay_s", "step_delay_s")
 
     def __init__(self, slack: float, period_s: float | None = None):
         self.slack = slack
         self.measured = period_s is None  # the period comes from the job's own step boundaries
         self.period_s = np.inf if period_s is None else period_s
         self.started_s: float | None = None
-        self.delay_s = 0.0
+        self.delay_s = 0.0  # against the current step's budget: its own waits and the overrun carried in
+        self.step_delay_s = 0.0  # what the current step itself waited
 
     @classmethod
     def none(cls) -> "StepClock":
@@ -75,17 +82,22 @@ class StepClock:
         return cls(0.0, np.inf)
 
     def begin(self, now: float) -> None:
-        """A step starts at `now`; a measured clock learns the period from the step that ended."""
+        """A step starts at `now`; a measured clock learns the period from the step that ended,
+        and what that step waited beyond its budget is carried into this one."""
         if self.measured and self.started_s is not None:
-            self.period_s = max(now - self.started_s - self.delay_s, 0.0)
-        self.started_s, self.delay_s = now, 0.0
+            self.period_s = max(now - self.started_s - self.step_delay_s, 0.0)
+        overrun = self.delay_s - self.slack * self.period_s if self.started_s is not None else 0.0
+        carried = overrun if self.period_s < np.inf and overrun > 0.0 else 0.0
+        self.started_s, self.delay_s, self.step_delay_s = now, carried, 0.0
 
     def delayed(self, seconds: float) -> None:
         """The step's calls waited `seconds` more (queueing behind other jobs, switches)."""
         self.delay_s += seconds
+        self.step_delay_s += seconds
 
     def deadline(self, ready_s: float) -> float:
-        """When a request that became ready at `ready_s` overruns the step's slack."""
+        """When a request that became ready at `ready_s` overruns the step's slack (earlier than
+        `ready_s` when the job is already past it)."""
         return ready_s + self.slack * self.period_s - self.delay_s if self.period_s < np.inf else np.inf
 
 
