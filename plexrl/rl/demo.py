@@ -136,7 +136,9 @@ def run_dedicated(specs, models, args, progress: "Progress", out: Path):
     with engines.open_cluster(args.engine, 1, policy=args.policy, torch_device=args.device,
                               precision=args.precision) as cluster:
         warm_up(cluster, models.values())
-        results = {s.name: run_job(cluster, s, models[s.name], on_step=progress.step) for s in specs}
+        with controllers(1) as pool:  # one job at a time, its controller as niced as the multiplexed ones
+            results = {s.name: pool.submit(run_job, cluster, s, models[s.name], on_step=progress.step).result()
+                       for s in specs}
         metrics = cluster.metrics()
         cluster.write_events(out / "events-dedicated.jsonl")
         used = metrics["jobs"]
@@ -151,7 +153,7 @@ def run_multiplexed(specs, models, args, budget, progress, out: Path):
         warm_up(cluster, models.values())
         started, cpu_started = time.perf_counter(), time.process_time()
         finished: dict[str, float] = {}  # job -> seconds from the batch's start to its end (its JCT)
-        with ThreadPoolExecutor(len(specs), thread_name_prefix="controller") as pool:
+        with controllers(len(specs)) as pool:
             futures = {s.name: pool.submit(run_job, cluster, s, models[s.name], on_step=progress.step) for s in specs}
             for name, future in futures.items():
                 future.add_done_callback(lambda _, name=name: finished.setdefault(name, time.perf_counter() - started))
@@ -165,6 +167,24 @@ def run_multiplexed(specs, models, args, budget, progress, out: Path):
         metrics["host_cpu_s"] = time.process_time() - cpu_started
         cluster.write_events(out / "events.jsonl")
         return results, metrics, cluster.events()
+
+
+CONTROLLER_NICE = 10  # what `nice` adds by default
+
+
+def controllers(count: int) -> ThreadPoolExecutor:
+    """Threads for `count` job controllers, each at a lower CPU priority (`CONTROLLER_NICE`) than
+    the device processes. The two cores are the demo's devices; on a cluster the controllers run
+    on CPU hosts of their own and never slow a GPU down, so here a device's computation takes a
+    core first and the controllers use what is left. Both schedules run their controllers this
+    way; only the multiplexed one has two devices busy beside them, so it is the one whose
+    controllers wait for a core."""
+    return ThreadPoolExecutor(count, thread_name_prefix="controller", initializer=_lower_priority)
+
+
+def _lower_priority() -> None:
+    if hasattr(os, "nice"):  # Linux: per thread, so the scheduler's and the sampler's threads keep theirs
+        os.nice(CONTROLLER_NICE)
 
 
 def warm_up(cluster, models) -> None:
