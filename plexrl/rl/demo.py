@@ -12,7 +12,8 @@
    dedicated runs measured), so states must be swapped;
    both clusters on the same engine (`--engine`): by default a process per device, so that the
    two devices compute in parallel and are charged their own CPU time, as GPUs would be — worker
-   threads of one interpreter would take turns on its lock (`--engine local` shows that);
+   threads of one interpreter would take turns on its lock (`--engine local` shows that); in
+   both, the controllers run at a lower CPU priority than the devices (`controllers`);
 4) compare: reward curves (must be identical: every sample has an explicit seed), device-seconds
    consumed vs reserved, makespan multiplexed vs exclusive on the same devices (and vs one after
    another on one device), each job's completion time (every job arrives at the start, so
