@@ -15,7 +15,8 @@ import pytest
 
 import threading
 
-from plexrl.rl.demo import CONTROLLER_NICE, MUX_DEVICES, controllers, demo_jobs, exclusive_schedule
+from plexrl.rl.demo import MUX_DEVICES, demo_jobs, exclusive_schedule
+from plexrl.rl.train import CONTROLLER_NICE, controllers
 
 
 def run_demo(out, *options) -> dict:

@@ -13,7 +13,7 @@
    both clusters on the same engine (`--engine`): by default a process per device, so that the
    two devices compute in parallel and are charged their own CPU time, as GPUs would be — worker
    threads of one interpreter would take turns on its lock (`--engine local` shows that); in
-   both, the controllers run at a lower CPU priority than the devices (`controllers`);
+   both, the controllers run at a lower CPU priority than the devices (`train.controllers`);
 4) compare: reward curves (must be identical: every sample has an explicit seed), device-seconds
    consumed vs reserved, makespan multiplexed vs exclusive on the same devices (and vs one after
    another on one device), each job's completion time (every job arrives at the start, so
@@ -34,7 +34,6 @@ import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from plexrl import engines
@@ -42,7 +41,7 @@ from plexrl.models.tiny import parameter_count
 from plexrl.policy import waited_s
 from plexrl.rl import demo_plots
 from plexrl.rl.spec import JobSpec
-from plexrl.rl.train import JobResult, run_job
+from plexrl.rl.train import JobResult, controllers, run_job
 from plexrl.rl.warm_start import warm_model
 
 MUX_DEVICES = 2
@@ -168,24 +167,6 @@ def run_multiplexed(specs, models, args, budget, progress, out: Path):
         metrics["host_cpu_s"] = time.process_time() - cpu_started
         cluster.write_events(out / "events.jsonl")
         return results, metrics, cluster.events()
-
-
-CONTROLLER_NICE = 10  # what `nice` adds by default
-
-
-def controllers(count: int) -> ThreadPoolExecutor:
-    """Threads for `count` job controllers, each at a lower CPU priority (`CONTROLLER_NICE`) than
-    the device processes. The two cores are the demo's devices; on a cluster the controllers run
-    on CPU hosts of their own and never slow a GPU down, so here a device's computation takes a
-    core first and the controllers use what is left. Both schedules run their controllers this
-    way; only the multiplexed one has two devices busy beside them, so it is the one whose
-    controllers wait for a core."""
-    return ThreadPoolExecutor(count, thread_name_prefix="controller", initializer=_lower_priority)
-
-
-def _lower_priority() -> None:
-    if hasattr(os, "nice"):  # Linux: per thread, so the scheduler's and the sampler's threads keep theirs
-        os.nice(CONTROLLER_NICE)
 
 
 def warm_up(cluster, models) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from plexrl import engines
 from plexrl.policy import Policy
 from plexrl.rl.spec import JobSpec, describe_errors
-from plexrl.rl.train import run_job
+from plexrl.rl.train import controllers, run_job
 from plexrl.rl.warm_start import warm_model
 
 MiB = 1 << 20
@@ -83,7 +82,7 @@ def run(spec: JobsFile, on_step=None, engine: str = "process", device: str = "au
     with engines.session(engine, c.devices), engines.open_cluster(
             engine, c.devices, policy=c.policy, device_memory_bytes=c.device_memory_mb * MiB,
             host_memory_bytes=c.host_memory_mb * MiB, torch_device=device, precision=precision) as cluster:
-        with ThreadPoolExecutor(len(spec.jobs), thread_name_prefix="controller") as pool:
+        with controllers(len(spec.jobs)) as pool:
             futures = [pool.submit(run_job, cluster, job, models[job.name], teachers.get(job.name), on_step)
                        for job in spec.jobs]
             results = [future.result() for future in futures]

@@ -12,7 +12,9 @@ transparent runtime, a job's reward curve is the same alone or multiplexed.
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,6 +25,23 @@ from plexrl.rl.job import Job, StepStats
 from plexrl.rl.ppo import PPO
 from plexrl.rl.reinforce_pp import ReinforcePP
 from plexrl.rl.spec import JobSpec
+
+CONTROLLER_NICE = 10  # what `nice` adds by default
+
+
+def controllers(count: int) -> ThreadPoolExecutor:
+    """Threads for `count` job controllers (`run_job`), each at a lower CPU priority
+    (`CONTROLLER_NICE`) than the device processes. On CPU the machine's cores are the devices; on
+    a cluster the controllers run on CPU hosts of their own and never slow a GPU down, so here a
+    device's computation takes a core first and the controllers use what is left. `plexrl run`
+    and both of `plexrl demo`'s schedules run their controllers this way."""
+    return ThreadPoolExecutor(count, thread_name_prefix="controller", initializer=_lower_priority)
+
+
+def _lower_priority() -> None:
+    if hasattr(os, "nice"):  # Linux: per thread, so the scheduler's and the sampler's threads keep theirs
+        os.nice(CONTROLLER_NICE)
+
 
 ALGORITHMS = {"grpo": GRPO, "ppo": PPO, "reinforce_pp": ReinforcePP, "dapo": DAPO}
 
