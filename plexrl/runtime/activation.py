@@ -97,7 +97,9 @@ def trainable_copy(template: torch.nn.Module, torch_device: str) -> tuple[torch.
     its first two segments), every parameter trainable."""
     state = ModelState("probe", "probe", "probe", skeleton_like(template), True, "")
     flat = torch.zeros(2 * state.numel, dtype=torch.float32, device=torch_device)
-    torch.cat([p.detach().reshape(-1) for p in template.parameters()], out=state.segment(flat, 0))
+    # gathered where the template lives (host memory), then one copy onto the device: `cat` with
+    # `out=` on another device than its inputs is refused on CUDA
+    state.segment(flat, 0).copy_(torch.cat([p.detach().reshape(-1) for p in template.parameters()]))
     state.bind(flat)
     state._move_buffers(flat.device)  # rotary frequencies and the like follow the weights
     for p in state.params:
