@@ -13,10 +13,7 @@ import sys
 
 import pytest
 
-import threading
-
 from plexrl.rl.demo import MUX_DEVICES, demo_jobs, exclusive_schedule
-from plexrl.rl.train import CONTROLLER_NICE, controllers
 
 
 def run_demo(out, *options) -> dict:
@@ -51,18 +48,6 @@ def test_more_jobs_cycle_through_the_three_with_new_names_and_seeds():
     assert [s.task for s in six[3:]] == [s.task for s in three]
     assert len({s.name for s in six}) == 6 and len({s.seed for s in six}) == 6
     assert [s.name for s in demo_jobs(quick=True, jobs=2)] == [s.name for s in three[:2]]
-
-
-@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="per-thread CPU priority is Linux's")
-def test_controllers_yield_the_cores_to_the_devices_and_nothing_else_does():
-    def niceness() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    mine = niceness()
-    with controllers(2) as pool:
-        theirs = {pool.submit(niceness).result() for _ in range(4)}
-    assert theirs == {min(mine + CONTROLLER_NICE, 19)}
-    assert niceness() == mine  # the caller's threads (the scheduler's among them) keep theirs
 
 
 @pytest.mark.slow

@@ -5,6 +5,9 @@ Uses a 1-layer, 32-wide char model so every test runs in about a second on 2 CPU
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 
@@ -13,7 +16,7 @@ from plexrl.rl.codec import Codec
 from plexrl.rl.job import Job
 from plexrl.rl.rollout import Episode, policy_datum, rollout
 from plexrl.rl.spec import JobSpec
-from plexrl.rl.train import run_job
+from plexrl.rl.train import CONTROLLER_NICE, controllers, run_job
 from plexrl.engines.local import LocalCluster
 from plexrl.tasks import ToolUseTask
 from plexrl.types import ModelInput, SamplingParams
@@ -134,3 +137,15 @@ def test_a_jobs_declared_slack_is_the_one_the_cluster_holds_it_to(model):
         assert cluster.metrics()["placement"]["slow-ok"]["slack"] == 0.5
     with pytest.raises(ValueError, match="slack"):
         JobSpec(name="j", algorithm="grpo", task="addition", steps=1, slack=-0.1)
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="per-thread CPU priority is Linux's")
+def test_controllers_yield_the_cores_to_the_devices_and_nothing_else_does():
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    mine = niceness()
+    with controllers(2) as pool:
+        theirs = {pool.submit(niceness).result() for _ in range(4)}
+    assert theirs == {min(mine + CONTROLLER_NICE, 19)}
+    assert niceness() == mine  # the caller's threads (the scheduler's among them) keep theirs
