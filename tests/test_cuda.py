@@ -58,8 +58,11 @@ def test_a_multiplexed_job_equals_the_job_alone_on_cuda(engine, tiny_model, alon
 
     from plexrl import engines
 
-    # room for one trainer and one snapshot: the two jobs keep switching each other out
-    budget = trainer_bytes(tiny_model) * 5 // 4 + 4096
+    from plexrl.runtime.activation import reserve_of
+
+    # room for one trainer and one snapshot beside the model's activation reserve: the two jobs
+    # keep switching each other out
+    budget = trainer_bytes(tiny_model) * 5 // 4 + 4096 + reserve_of(tiny_model, torch_device="cuda")
     with engines.open_cluster(engine, 1, device_memory_bytes=budget, torch_device="cuda") as cluster:
         with ThreadPoolExecutor(2) as pool:
             a, b = pool.submit(rl_job, cluster, "a", tiny_model, 0), pool.submit(rl_job, cluster, "b", tiny_model, 1)
@@ -89,9 +92,11 @@ def test_host_buffers_are_page_locked_at_their_size_and_unlocked_when_let_go(tin
 
 def test_register_and_unregister_a_shared_buffer(tmp_path):
     from plexrl.runtime import cuda
-    from plexrl.runtime.host_buffers import SharedHostBuffers
+    from plexrl.runtime.host_buffers import SharedHostBuffers, shm_root
 
-    buffers = SharedHostBuffers(tmp_path / "node")
+    # where the runtime keeps them (host_buffers.node_folder): a file on disk, as under tmp_path,
+    # may not be page-locked
+    buffers = SharedHostBuffers(shm_root() / f"plexrl-test-register-{tmp_path.name}")
     host = buffers.allocate(3 * MiB + 4)  # not a power of two: registered at exactly this size
     cuda.register(host)
     try:

@@ -9,7 +9,9 @@ Invariants checked (CPU lane; tests/test_cuda.py has the CUDA ones):
 - on CPU the seam is the plain behaviour: loads and write-backs are `copy_`, a fault injected
   halfway leaves exactly the first half of the first span written;
 - a worker registers each host mapping once and unregisters it when it lets it go (a free, a
-  new mapping of the same state): checked with a recording fake of the seam.
+  new mapping of the same state): checked with a recording fake of the seam;
+- the shared libraries this process maps are found by name (how a failed CUDA call's error is
+  cleared).
 """
 
 from __future__ import annotations
@@ -174,3 +176,15 @@ def test_a_span_counts_work_done_in_another_process():
     span = cuda.Span().stop()
     own = span.seconds()
     assert span.add_elsewhere(0.25).seconds() == pytest.approx(own + 0.25)
+
+
+def test_the_libraries_mapped_into_this_process_are_found_by_name():
+    """What a failed CUDA runtime call's error is cleared through (`cuda._failed`: the cudart this
+    process loaded): the C library and torch's own are mapped here on every Linux machine."""
+    import os
+
+    libc = cuda.loaded_libraries("libc.so")
+    assert libc and all(os.path.basename(path).startswith("libc.so") for path in libc), libc
+    assert any(os.path.basename(path).startswith("libtorch") for path in cuda.loaded_libraries("libtorch")), (
+        "torch's libraries were not found among this process's mappings")
+    assert cuda.loaded_libraries("libplexrl-no-such-library.so") == []

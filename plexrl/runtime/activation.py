@@ -16,6 +16,12 @@ and taking the larger of their peaks beyond the copy's own weights and gradients
 How a peak is measured:
 - CUDA: the caching allocator's peak of reserved memory less what it held before the probe
   (`reset_peak_memory_stats`, `max_memory_reserved`): what the process really took from the device.
+  The probe runs once unmeasured first. A process's first matmuls create the cuBLAS and cuBLASLt
+  workspaces through the same allocator and keep them for the life of the process (about 64 MiB
+  on an H200 with torch 2.11): measured cold, they were counted as the first model's reserve
+  (71.3 MB for a 2.3 MB model in a fresh process, 6.3 MB in one that had run CUDA work). After
+  the warm-up they are held before the measurement starts, so the reserve is the model's own and
+  the same in every process.
 - CPU (no allocator statistics): the bytes alive when backward starts — every tensor autograd saved
   (distinct storages; the copy's own weights and gradients excluded) and the model's outputs
   (logits; a KV cache) — plus one gradient the size of the logits, the largest tensor backward
@@ -23,8 +29,9 @@ How a peak is measured:
   every run: the figure the CPU tests check.
 
 Out of scope: calls larger than the probe (a forward_backward of more tokens needs more: size
-`activation_probe_tokens` to the largest batch a job sends); the CUDA context and library
-workspaces, which sit outside torch's allocator; LoRA states are measured on their full-parameter
+`activation_probe_tokens` to the largest batch a job sends); what a device process holds once
+whatever it runs (the CUDA context, outside torch's allocator; the libraries' workspaces, above),
+which sits beside the budget, so device_memory_bytes must leave room for it; LoRA states are measured on their full-parameter
 base (their adapters' own intermediates are rank-sized).
 """
 
@@ -108,7 +115,10 @@ def trainable_copy(template: torch.nn.Module, torch_device: str) -> tuple[torch.
 
 
 def cuda_peak(device: torch.device, runs) -> int:
-    """The most memory the caching allocator held during `runs` beyond what it held before."""
+    """The most memory the caching allocator held during `runs` beyond what it held before, the
+    runs done once before (what they allocate once per process is held by then: see above)."""
+    for run in runs:
+        run()
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved(device)

@@ -19,6 +19,8 @@ Out of scope here: what is copied (the worker decides) and when (the node plans 
 
 from __future__ import annotations
 
+import ctypes
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -43,15 +45,17 @@ HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every device'
 
 
 def register(tensor: torch.Tensor) -> None:
-    """Page-lock the memory of a host tensor in place, at its exact size (CUDA only)."""
+    """Page-lock the memory of a host tensor in place, at its exact size (CUDA only). The runtime's
+    buffers are files on a RAM-backed file system (host_buffers.shm_root): the pages of a file
+    on disk may not be page-locked (one such test buffer under /tmp was refused on an H200 host)."""
     if tensor.numel() == 0:
         return
     code = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
                                                 HOST_REGISTER_PORTABLE)
     if int(code) != 0:
         raise RuntimeError(f"cudaHostRegister of a {tensor.numel() * tensor.element_size():,}-byte host buffer at "
-                           f"{tensor.data_ptr():#x} failed with CUDA error {int(code)}; expected a page-lockable "
-                           "mapping (a shared-memory file under /dev/shm)")
+                           f"{tensor.data_ptr():#x} failed with CUDA error {int(code)} ({_failed(code)}); expected "
+                           "a page-lockable mapping (a shared-memory file under /dev/shm)")
 
 
 def unregister(tensor: torch.Tensor) -> None:
@@ -60,7 +64,32 @@ def unregister(tensor: torch.Tensor) -> None:
     code = torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
     if int(code) != 0:
         raise RuntimeError(f"cudaHostUnregister of the host buffer at {tensor.data_ptr():#x} failed with CUDA "
-                           f"error {int(code)}; expected a buffer registered by plexrl.runtime.cuda.register")
+                           f"error {int(code)} ({_failed(code)}); expected a buffer registered by "
+                           "plexrl.runtime.cuda.register")
+
+
+def _failed(code) -> str:
+    """The error's name, the error cleared: a failed runtime call stays this thread's last CUDA
+    error, which the next kernel launch's check reads and reports as its own (after a refused
+    register, an unrelated embedding failed with 'invalid argument'). PyTorch's cudart bindings
+    have no cudaGetLastError, so it is called on the runtime library this process loaded (none
+    found: the runtime is linked in statically and the error is left as it is)."""
+    for path in loaded_libraries("libcudart.so"):
+        ctypes.CDLL(path).cudaGetLastError()
+    try:
+        return torch.cuda.cudart().cudaGetErrorString(code)
+    except (AttributeError, TypeError):  # the bindings differ between torch versions
+        return "unnamed"
+
+
+def loaded_libraries(name: str) -> list[str]:
+    """Paths of the shared libraries whose file name starts with `name` mapped into this process."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if name in line}
+    except OSError:  # not Linux
+        return []
+    return sorted(p for p in paths if os.path.basename(p).startswith(name))
 
 
 class Span:
