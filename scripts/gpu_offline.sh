@@ -16,7 +16,7 @@ WHEELS=(pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-ins
         typing_extensions==4.16.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 opentelemetry-api==1.45.2
         tinker==0.38.0 orjson==3.13.0 pyqwest==0.12.0 zstandard==0.25.0 distro==1.9.0 sniffio==1.3.1
         anyio==4.16.0 httpx==0.29.0 httpcore==1.0.9 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
-        h11==0.16.0 idna==3.20 protobuf==7.36.2 click==8.5.1)
+        h11==0.16.0 idna==3.20 protobuf==7.36.2 click==8.5.1 annotated-doc==0.0.7 certifi==2026.10.19.post1)
 cmd=${1:-}; dir=${2:-.gpu-wheels}
 case "$cmd" in
   fetch)
