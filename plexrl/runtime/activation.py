@@ -31,8 +31,8 @@ How a peak is measured:
 Out of scope: calls larger than the probe (a forward_backward of more tokens needs more: size
 `activation_probe_tokens` to the largest batch a job sends); what a device process holds once
 whatever it runs (the CUDA context, outside torch's allocator; the libraries' workspaces, above),
-which sits beside the budget, so device_memory_bytes must leave room for it; LoRA states are measured on their full-parameter
-base (their adapters' own intermediates are rank-sized).
+which sits beside the budget, so device_memory_bytes must leave room for it; LoRA states are
+measured on their full-parameter base (their adapters' own intermediates are rank-sized).
 """
 
 from __future__ import annotations
