@@ -91,11 +91,11 @@ def test_host_buffers_are_page_locked_at_their_size_and_unlocked_when_let_go(tin
 
 def test_register_and_unregister_a_shared_buffer(tmp_path):
     from plexrl.runtime import cuda
-    from plexrl.runtime.host_buffers import SharedHostBuffers, shm_root
+    from plexrl.runtime.host_buffers import SharedHostBuffers, node_folder
 
-    # where the runtime keeps them (host_buffers.node_folder): a file on disk, as under tmp_path,
-    # may not be page-locked
-    buffers = SharedHostBuffers(shm_root() / f"plexrl-test-register-{tmp_path.name}")
+    # where the runtime keeps them (under /dev/shm): a file on disk, as under tmp_path, may not be
+    # page-locked
+    buffers = SharedHostBuffers(node_folder(f"plexrl-test-register-{tmp_path.name}", 0))
     host = buffers.allocate(3 * MiB + 4)  # not a power of two: registered at exactly this size
     cuda.register(host)
     try:

@@ -48,12 +48,12 @@ def register(tensor: torch.Tensor) -> None:
     """Page-lock the memory of a host tensor in place, at its exact size (CUDA only). The runtime's
     buffers are files on a RAM-backed file system (host_buffers.shm_root): the pages of a file
     on disk may not be page-locked (one such test buffer under /tmp was refused on an H200 host)."""
-    if tensor.numel() == 0:
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
         return
-    code = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
-                                                HOST_REGISTER_PORTABLE)
+    code = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, HOST_REGISTER_PORTABLE)
     if int(code) != 0:
-        raise RuntimeError(f"cudaHostRegister of a {tensor.numel() * tensor.element_size():,}-byte host buffer at "
+        raise RuntimeError(f"cudaHostRegister of a {nbytes:,}-byte host buffer at "
                            f"{tensor.data_ptr():#x} failed with CUDA error {int(code)} ({_failed(code)}); expected "
                            "a page-lockable mapping (a shared-memory file under /dev/shm)")
 
