@@ -132,49 +132,64 @@ def test_calls_of_one_model_run_in_submission_order(cluster, tiny_model):
 
 
 
-def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, tiny_model, tmp_path):
-    """Job B's snapshot is resident on device 0 while job A's long call runs there; B's next call
-    goes to idle device 1 and runs at once: device 0's worker lets go of B's clean copy when A's
-    call is done (node._offload_elsewhere), and that offload is booked then. Before, device 1
-    waited for device 0's worker (up to ~0.3 s a switch in `plexrl demo`). A's call holds device 0
-    until the test opens a gate, so B's call can only end first if it did not wait for A's."""
+@pytest.mark.parametrize("evicted", [False, True], ids=["resident", "evicted"])
+def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, trainer_bytes, tiny_model, tmp_path,
+                                                                      evicted):
+    """Job B's snapshot is on device 0 when job A's long call is dispatched there: resident beside
+    A's trainer, or evicted by A's load. B's next call goes to idle device 1 and runs at once.
+    Resident: device 0's worker lets go of B's clean copy when A's call is done
+    (node._offload_elsewhere). Evicted: the node's view lets go of it as A's call is dispatched
+    (node._let_go_here), where it used to stay claimed until A's call ended. Either offload is
+    booked when device 0's worker answers. A's call holds device 0 until the test opens a gate,
+    so B's call can only end first if it did not wait for A's. A cluster of its own: where the
+    states of other tests lie would decide whether A's load evicts B."""
     if cluster.engine == "ray":
         pytest.skip("holds a device through the node object, which the Ray engine keeps in its actor")
-    group = cluster.nodes[0].target.group
-    prompt = plexrl.ModelInput.from_ints([5, 6, 7])
-    sampler = cluster.service_client(job="resident-b").create_training_client(
-        base_model=tiny_model, seed=0).save_weights_and_get_sampling_client()
-    a = cluster.service_client(job="busy-a").create_training_client(base_model=tiny_model, seed=1)
-    gate = tmp_path / "a-may-end"  # a file: the loss runs in the device's worker, a process on some engines
+    from plexrl import engines
 
-    def long_loss(datums, logprobs):
-        deadline = time.monotonic() + TIMEOUT_S
-        while not gate.exists() and time.monotonic() < deadline:  # A holds device 0 (one call at a time)
-            time.sleep(0.01)
-        return sum(lp.sum() for lp in logprobs), {}
+    snapshot_room = 0 if evicted else trainer_bytes // 4 + 4096
+    budget = trainer_bytes + snapshot_room + 4096 + reserve_bytes(tiny_model)
+    with engines.open_cluster(cluster.engine, 2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as own:
+        group = own.nodes[0].target.group
+        prompt = plexrl.ModelInput.from_ints([5, 6, 7])
+        sampler = own.service_client(job="resident-b").create_training_client(
+            base_model=tiny_model, seed=0).save_weights_and_get_sampling_client()
+        a = own.service_client(job="busy-a").create_training_client(base_model=tiny_model, seed=1)
+        gate = tmp_path / "a-may-end"  # a file: the loss runs in the device's worker, a process on some engines
+        b_on = lambda: own.residency()[sampler.state.state_id]  # noqa: E731
 
-    try:
-        with group._cond:
-            group.hold([1])
+        def long_loss(datums, logprobs):
+            deadline = time.monotonic() + TIMEOUT_S
+            while not gate.exists() and time.monotonic() < deadline:  # A holds device 0 (one call at a time)
+                time.sleep(0.01)
+            return sum(lp.sum() for lp in logprobs), {}
+
         try:
-            sampler.compute_logprobs(prompt).result(TIMEOUT_S)  # B's snapshot: on device 0
-            a_call = a.forward_backward_custom([datum([5, 6, 7, 8])], long_loss)
-            dispatched = lambda: any(e["event"] == "dispatch" for e in cluster.events("busy-a"))  # noqa: E731
-            assert wait_for(dispatched), "A's call was not dispatched to device 0"
-        finally:
             with group._cond:
-                group.hold([1], held=False)
-        assert cluster.residency()[sampler.state.state_id] == "device:0"
-        sampler.compute_logprobs(prompt).result(TIMEOUT_S)
-        assert not a_call.done(), "B's call waited for A's call on the other device"
-        assert cluster.residency()[sampler.state.state_id] == "device:1"
-    finally:
-        gate.touch()
-    a_call.result(TIMEOUT_S)
-    offloads = lambda: [e for e in cluster.events("resident-b") if e["event"] == "transition"  # noqa: E731
-                        and e["kind"] == "offload" and e["state"] == sampler.state.state_id and e["device"] == 0]
-    assert wait_for(offloads), "the offload on device 0 was not booked"  # when its worker answers, after A's call
-    assert offloads()[-1]["bytes"] == 0  # a clean copy: nothing moves
+                group.hold([1])
+            try:
+                sampler.compute_logprobs(prompt).result(TIMEOUT_S)
+                assert b_on() == "device:0"
+                a_call = a.forward_backward_custom([datum([5, 6, 7, 8])], long_loss)
+                dispatched = lambda: any(e["event"] == "dispatch" for e in own.events("busy-a"))  # noqa: E731
+                assert wait_for(dispatched), "A's call was not dispatched to device 0"
+            finally:
+                with group._cond:
+                    group.hold([1], held=False)
+            expected = "host" if evicted else "device:0"
+            assert wait_for(lambda: b_on() == expected), f"B's snapshot is on {b_on()} while A runs, not {expected}"
+            sampler.compute_logprobs(prompt).result(TIMEOUT_S)
+            assert not a_call.done(), "B's call waited for A's call on the other device"
+            assert b_on() == "device:1"
+        finally:
+            gate.touch()
+        a_call.result(TIMEOUT_S)
+        offloads = lambda: [e for e in own.events("resident-b" if not evicted else "busy-a")  # noqa: E731
+                            if e["event"] == "transition" and e["kind"] == "offload"
+                            and e["state"] == sampler.state.state_id and e["device"] == 0]
+        assert wait_for(offloads), "the offload on device 0 was not booked"  # when its worker answers, after A's call
+        assert offloads()[-1]["bytes"] == 0  # a clean copy: nothing moves
+        assert b_on() == "device:1"  # booking the offload on device 0 left B's residency alone
 
 
 def wait_for(condition, timeout_s: float = TIMEOUT_S):

@@ -230,36 +230,33 @@ def test_budgets_hold_over_random_request_streams(micro_model, stream, policy):
         assert all(len(v) == 1 for v in versions.values()), f"superseded snapshots left: {versions}"
 
 
-def test_a_snapshot_superseded_while_it_moves_is_removed_once_it_stops(micro_model):
-    """A weight sync finds its sampler snapshot busy (another job's load is offloading it), so it
-    writes a new version and retires the old one; the old one goes once the offload is done."""
-    from plexrl.runtime.state import load_module
-
-    numel = sum(p.numel() for p in load_module(micro_model).parameters())
-    device_budget = 16 * numel + reserve_bytes(micro_model)  # one trainer, or a snapshot: never both
-    with plexrl.LocalCluster(devices=1, device_memory_bytes=device_budget, prefetch=False) as c:
+def test_a_snapshot_superseded_while_in_use_is_removed_once_its_call_ends(micro_model):
+    """A weight sync finds its sampler snapshot busy (a call of its own holds it), so it writes a
+    new version and retires the old one; the old one goes once that call is done. (A snapshot
+    another call's load evicts is not busy: its clean copy is let go as that call is dispatched,
+    tests/test_engines.py.)"""
+    with plexrl.LocalCluster(devices=1, prefetch=False) as c:
         a = c.service_client("job-a").create_training_client(base_model=micro_model, seed=0)
-        b = c.service_client("job-b").create_training_client(base_model=micro_model, seed=1)
         sampler = a.save_weights_and_get_sampling_client()
-        sampler.compute_logprobs(plexrl.ModelInput.from_ints([5, 6, 7])).result(timeout=60)  # on the device
         old = sampler.state.state_id
         sm = c.nodes[0].target.sm
-        release, offloading, go = sm.release, threading.Event(), threading.Event()
+        release, in_use, go = sm.release, threading.Event(), threading.Event()
 
-        def held_release(plan, now):  # B's load offloaded the snapshot: keep it busy a while
-            if any(t.state_id == old for t in plan.transitions):
-                offloading.set()
+        def held_release(plan, now):  # the snapshot's call ran: keep its state claimed a while
+            if plan.state_id == old:
+                in_use.set()
                 assert go.wait(60)
             release(plan, now)
 
         sm.release = held_release
-        trained = b.forward_backward([datum([5, 6, 7, 8])])
-        assert offloading.wait(60)
+        call = sampler.compute_logprobs(plexrl.ModelInput.from_ints([5, 6, 7]))
+        assert in_use.wait(60)
         assert sm.states[old].busy
         new = a.save_weights_for_sampler().result(timeout=60)
         assert new.state_id != old  # busy: a new version, the old one retired
+        assert old in c.residency()  # not while its call holds it
         go.set()
-        trained.result(timeout=60)
+        call.result(timeout=60)
         assert old not in c.residency()
         assert new.state_id in c.residency()
 

@@ -314,12 +314,13 @@ class Node:
         try:
             self._check_not_torn(request)  # it may have been torn while this call waited
             steps = self._offload_elsewhere(plan, request.job, device)
+            worker_steps = [self._worker_step(t) for t in steps]
+            plan, let_go = self._let_go_here(plan, steps)
             ahead = list(self.sm.device_steps(prefetch)) if prefetch is not None else []
             sent = self.telemetry.now()  # the worker's steps start after the offloads elsewhere
             reply: WorkerReply = remote.get(self.workers[device].run.remote(
-                [self._worker_step(t) for t in steps], request.fn, request.payload, request.state_id,
-                [self._worker_step(t) for t in ahead]))
-            self._book(steps, reply, request, device, sent, ahead)
+                worker_steps, request.fn, request.payload, request.state_id, [self._worker_step(t) for t in ahead]))
+            self._book(steps, reply, request, device, sent, ahead, let_go)
             timing = {"wall_s": reply.wall_s, "device_s": reply.device_s}
             result, error = reply.result, reply.error
         except Exception as exc:  # a worker found gone now, or found restarted (it lost what it held)
@@ -349,7 +350,7 @@ class Node:
     def _release(self, plan: LoadPlan) -> None:
         """Free what `plan` claimed; a state retired meanwhile goes if nothing is queued for it."""
         self.sm.release(plan, self.telemetry.now())
-        self.group.released(plan)
+        self.group.released({plan.state_id, *(t.state_id for t in plan.transitions)})
 
     def _finish(self, request: Request, plan: LoadPlan, device: int | None, result: Any,
                 error: BaseException | None, timing: dict) -> None:
@@ -413,6 +414,23 @@ class Node:
             self.sm.record(t, job, seconds, start, t.bytes)
         return mine
 
+    def _let_go_here(self, plan: LoadPlan, steps: list[Transition]) -> tuple[LoadPlan, frozenset[Transition]]:
+        """The clean copies `plan` evicts from its own device are free at once: (the plan that
+        still claims the rest, those offloads). The worker lets go of them first thing in this
+        call, but it replies only when the call ends, and another device's load reads the host
+        copy (current, as write-through keeps it): a victim of a long call does not wait for it
+        (a call queued for it, say, runs on an idle device now). The node's view moves now; the
+        offloads are booked with the reply, as `_offload_elsewhere`'s are."""
+        early = frozenset(t for t in steps if t.kind is TransitionKind.OFFLOAD and t.state_id != plan.state_id
+                          and not self.sm.states[t.state_id].dirty)
+        if not early:
+            return plan, early
+        with self.changed:
+            self.sm.let_go(early)
+            self.group.released({t.state_id for t in early})
+        return LoadPlan(plan.state_id, plan.device, plan.offset,
+                        tuple(t for t in plan.transitions if t not in early)), early
+
     def _offloaded(self, t: Transition, job: str, start: float, done) -> None:
         """An offload elsewhere answered (on the thread that resolved it): book what it took. A
         worker found gone took the copy with it; its own dispatcher deals with the death."""
@@ -435,11 +453,16 @@ class Node:
         return WorkerStep(t.kind, t.state_id, dirty=state.dirty)
 
     def _book(self, steps: list[Transition], reply: WorkerReply, request: Request, device: int, start: float,
-              ahead: list[Transition] = ()) -> None:
+              ahead: list[Transition] = (), let_go: frozenset[Transition] = frozenset()) -> None:
+        """Book what the worker ran: `steps`, the call, the prefetch `ahead`. The offloads in
+        `let_go` moved the node's view at dispatch (`_let_go_here`): only booked here."""
         loaded = {t.state_id for t in steps} | {request.state_id} | ({ahead[-1].state_id} if reply.prefetch_s else set())
         self._check_incarnation(device, reply.incarnation, loaded)
         for t, seconds in zip(steps, reply.steps_s):
-            self._record(t, request.job, seconds, start)
+            if t in let_go:
+                self.sm.book(t, request.job, seconds, start, 0)
+            else:
+                self._record(t, request.job, seconds, start)
             start += seconds
         self._emit(start, "start", request, device)
         if reply.prefetch_s:  # charged to the job it was for; its load only for the part the function did not hide

@@ -142,12 +142,14 @@ class GroupScheduler:
             self._queue.retire(state_id, remove)
             self._drop_if_retired(state_id)
 
-    def released(self, plan: LoadPlan) -> None:
-        """`plan`'s states are free again (`StateManager.release`): one retired while it was busy
-        (a snapshot a sync superseded as it moved) goes now if nothing is queued for it."""
+    def released(self, state_ids) -> None:
+        """The states `state_ids` are free again (`StateManager.release`, `let_go`): one retired
+        while it was busy (a snapshot a sync superseded as it moved) goes now if nothing is
+        queued for it; a call parked on one is tried again."""
         with self._cond:
-            for state_id in {plan.state_id, *(t.state_id for t in plan.transitions)}:
+            for state_id in state_ids:
                 self._drop_if_retired(state_id)
+            self._cond.notify_all()
 
     def _drop_if_retired(self, state_id: str) -> None:
         state = self.sm.states.get(state_id)

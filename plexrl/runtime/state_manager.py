@@ -284,6 +284,14 @@ class StateManager:
                 state.last_used_s = now
             self.changed.notify_all()
 
+    def let_go(self, offloads) -> None:
+        """Under the lock: the victims of these `offloads` (of a plan being dispatched) are in host
+        memory and unclaimed now, before the worker ran them (their device copies are clean)."""
+        for t in offloads:
+            self.moved(t)
+            self.states[t.state_id].busy = False
+        self.changed.notify_all()
+
     # -- transitions --------------------------------------------------------------------------
     def _run(self, t: Transition, job: str) -> float:
         state = self.states[t.state_id]
