@@ -160,8 +160,12 @@ class Killer(threading.Thread):
     """SIGKILLs a random device process `kills` times until `stop` is set, one fault at a time
     (each recovery measured alone): a kill once every job got past the previous one and the
     slowest job completed 1-2 more steps, after a random delay (short ones land mid-call or in a
-    switch, longer ones between calls too). A kill may hit a process still starting after an
-    earlier kill nobody felt."""
+    switch, longer ones between calls too) cut short when the slowest job completes one step
+    more, so that every kill lands within a step of its due one however fast the jobs run. A
+    kill may hit a process still starting after an earlier kill nobody felt. A kill between
+    calls is not felt (the process is restarted before its next call), so when no job felt any
+    kill before the last one, the last waits until its device runs a call: a run then always
+    has a kill some job recovers from."""
 
     def __init__(self, cluster, kills: int, seed: int, stop: threading.Event, log: FaultLog, jobs: int,
                  timeout: float = 120):
@@ -177,14 +181,23 @@ class Killer(threading.Thread):
             device = devices[int(self.rng.integers(len(devices)))]
             due = self.log.slowest(self.jobs) + int(self.rng.integers(1, 3))
             self._await(lambda: self.log.slowest(self.jobs) >= due)
-            if self.stop.wait(delay):
+            # the delay, but no later than the slowest job's next step: a job left to run alone
+            # takes a few ms a step, and a delay of many steps would outlast the run
+            self._await(lambda: self.log.slowest(self.jobs) > due, timeout=delay)
+            if len(self.done) == self.kills - 1 and not self._felt():
+                self._await(lambda: device_moment(self.cluster.events(), device) != "between calls")
+            if self.stop.is_set():
                 return
             kill = self._kill(device)
             self.done.append(kill)
             self._await(lambda: self.log.settled(kill.t))
 
-    def _await(self, condition) -> None:
-        deadline = time.monotonic() + self.timeout
+    def _felt(self) -> bool:
+        """Some job saw a call fail since the first kill."""
+        return bool(self.done) and any(error for t, _, _, error in self.log.snapshot() if t >= self.done[0].t)
+
+    def _await(self, condition, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while time.monotonic() < deadline and not self.stop.is_set() and not condition():
             time.sleep(0.005)
 
