@@ -33,7 +33,7 @@ import functools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -428,8 +428,7 @@ class Node:
         with self.changed:
             self.sm.let_go(early)
             self.group.released({t.state_id for t in early})
-        return LoadPlan(plan.state_id, plan.device, plan.offset,
-                        tuple(t for t in plan.transitions if t not in early)), early
+        return replace(plan, transitions=tuple(t for t in plan.transitions if t not in early)), early
 
     def _offloaded(self, t: Transition, job: str, start: float, done) -> None:
         """An offload elsewhere answered (on the thread that resolved it): book what it took. A

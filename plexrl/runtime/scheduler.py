@@ -143,13 +143,12 @@ class GroupScheduler:
             self._drop_if_retired(state_id)
 
     def released(self, state_ids) -> None:
-        """The states `state_ids` are free again (`StateManager.release`, `let_go`): one retired
-        while it was busy (a snapshot a sync superseded as it moved) goes now if nothing is
-        queued for it; a call parked on one is tried again."""
+        """The states `state_ids` are free again (`StateManager.release`, `let_go`, which wake the
+        dispatchers): one retired while it was busy (a snapshot a sync superseded as it moved)
+        goes now if nothing is queued for it."""
         with self._cond:
             for state_id in state_ids:
                 self._drop_if_retired(state_id)
-            self._cond.notify_all()
 
     def _drop_if_retired(self, state_id: str) -> None:
         state = self.sm.states.get(state_id)
