@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plexrl.api import errors
+from plexrl.api import errors, validation
 from plexrl.api.client import ServiceClient
 from plexrl.api.types import AdamParams, Datum, EncodedTextChunk, ModelInput, SamplingParams, TensorData
 from test_api_pure import FakeCluster, custom_loss, policy_datum
@@ -254,3 +254,35 @@ def test_bad_calls_on_a_local_cluster_fail_through_their_futures_and_change_noth
         np.testing.assert_array_equal(after, cluster.fetch_weights(clean.state))
         assert not np.array_equal(after, before)
         assert len(sampler.sample(ints([1, 2]), 2, SamplingParams(max_tokens=3)).result(timeout=60).sequences) == 2
+
+
+def test_from_ints_refuses_a_bool_array_and_takes_an_int_array_unchanged():
+    with pytest.raises(errors.InvalidInput, match=r"tokens\[0\]=np.True_"):
+        ModelInput.from_ints(np.array([True, False]))
+    big = np.array([0, 2**40, 7], dtype=np.uint64)
+    assert ModelInput.from_ints(big).to_ints() == [0, 2**40, 7]
+
+
+@pytest.mark.parametrize("tokens, fragment", [
+    ((5, True, 6), "token True (a bool) at position 1 is not an integer"),
+    ((5, 6.0), "token 6.0 at position 1 is not an integer"),
+    ((5, np.int64(99), 3, -1), "token 99 at position 1 is outside the vocabulary (expected 0 <= token < 10; 2 bad"),
+    ([4, 3, 10], "token 10 at position 2 is outside the vocabulary (expected 0 <= token < 10; 1 bad"),
+])
+def test_check_tokens_names_the_first_bad_token_whatever_the_types_around_it(tokens, fragment):
+    with pytest.raises(errors.InvalidInput) as info:
+        validation.check_tokens(tokens, 10, "what")
+    assert fragment in str(info.value), str(info.value)
+
+
+def test_check_tokens_takes_python_and_numpy_integers_mixed():
+    validation.check_tokens((0, np.int32(9), np.uint8(3), 4), 10, "what")
+    validation.check_tokens((), 10, "what")
+
+
+def test_a_target_token_outside_the_vocabulary_is_named_with_its_position():
+    datum = Datum(ModelInput.from_ints([1, 2, 3]), {"target_tokens": [2, 12, -1]})
+    with pytest.raises(errors.InvalidInput, match=r"target_tokens'\]: token 12 at position 1 is outside the vocabulary "
+                                                  r"\(expected 0 <= token < 10; 2 bad"):
+        validation.validate_datums([datum], vocab_size=10, max_positions=8)
+    validation.validate_datums([Datum(ModelInput.from_ints([1, 2, 3]), {"target_tokens": [2, 9, 0]})], 10, 8)

@@ -28,17 +28,32 @@ from plexrl.api import errors
 
 def is_integer(value: Any) -> bool:
     """A Python or numpy integer, never a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    kind = type(value)
+    if kind is int:  # the common case, without the ABC's isinstance
+        return True
+    return kind is not bool and isinstance(value, numbers.Integral)
 
 
 def is_finite_number(value: Any) -> bool:
     """A finite Python or numpy real number, never a bool (NaN and infinities are not)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(value)
+    if kind is bool or not isinstance(value, numbers.Real):
         return False
     try:
         return math.isfinite(value)
     except OverflowError:  # an int too large for a float
         return False
+
+
+def all_ints(values: Sequence[Any]) -> bool:
+    """Whether every item is exactly a Python int (no bool, no subclass), at C speed: the fast
+    path of the token checks; what fails it goes through the per-item checks that name the item."""
+    return _INT_ONLY.issuperset(map(type, values))
+
+
+_INT_ONLY = frozenset({int})
 
 
 def shown(value: Any) -> str:
@@ -55,6 +70,10 @@ def token_ids(tokens: Any, what: str) -> tuple[int, ...]:
     (5.9 is refused, never truncated; numpy and torch integer scalars are fine)."""
     if isinstance(tokens, (str, bytes, Mapping)) or not hasattr(tokens, "__iter__"):
         raise errors.InvalidInput(f"{what}: tokens={shown(tokens)}; expected a sequence of integer token ids")
+    if isinstance(tokens, (list, tuple)) and all_ints(tokens):  # the common case: nothing to convert
+        return tuple(tokens)
+    if isinstance(tokens, np.ndarray) and tokens.ndim == 1 and tokens.dtype.kind in "iu":
+        return tuple(tokens.tolist())
     ids = []
     for position, token in enumerate(tokens):
         try:

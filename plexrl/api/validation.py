@@ -24,8 +24,8 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 
 from plexrl.api import errors
-from plexrl.api.types import (AdamParams, Datum, ModelInput, SamplingParams, TensorData, is_finite_number,
-                              is_integer, shown)
+from plexrl.api.types import (AdamParams, Datum, ModelInput, SamplingParams, TensorData, all_ints,
+                              is_finite_number, is_integer, shown)
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,13 @@ def checkpoint_folder(path: Any) -> Path:
 # ---------------------------------------------------------------------------- tokens and datums
 
 def check_tokens(tokens: Sequence[int], vocab_size: int, what: str) -> None:
-    for position, token in enumerate(tokens):
-        if not is_integer(token):
-            raise errors.InvalidInput(f"{what}: token {shown(token)} at position {position} is not an integer; "
-                                      "expected token ids")
-    bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab_size]
-    if bad:
+    if not all_ints(tokens):
+        for position, token in enumerate(tokens):
+            if not is_integer(token):
+                raise errors.InvalidInput(f"{what}: token {shown(token)} at position {position} is not an integer; "
+                                          "expected token ids")
+    if len(tokens) and not (0 <= min(tokens) and max(tokens) < vocab_size):
+        bad = [(i, t) for i, t in enumerate(tokens) if not 0 <= t < vocab_size]
         position, token = bad[0]
         raise errors.InvalidInput(
             f"{what}: token {token} at position {position} is outside the vocabulary "
@@ -198,7 +199,9 @@ def check_datum_input(index: int, key: str, value: Any, expected_length: int, vo
     if key == "target_tokens":
         if (array != array.round()).any():
             raise errors.DatumShapeError(f"{where} holds non-integer values; expected token ids")
-        check_tokens(array.astype("int64").tolist(), vocab_size, where)
+        ids = array.astype("int64")
+        if ids.size and not (0 <= ids.min() and ids.max() < vocab_size):  # the message names the first
+            check_tokens(ids.tolist(), vocab_size, where)
 
 
 def datum_input_array(where: str, value: Any) -> np.ndarray:
