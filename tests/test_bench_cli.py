@@ -72,8 +72,9 @@ def test_bench_sample_json_vllm(capsys):
 
 def test_bench_dispatch_json(capsys):
     out = run_json(capsys, ["bench", "dispatch", "--json", "--requests", "50", "--queued", "100"])
-    assert {"overhead_ms_per_request", "decision_us_p99"} <= set(out)
+    assert {"overhead_ms_per_request", "decision_us_p99", "process_ms_per_request", "pipe_round_trip_ms"} <= set(out)
     assert out["decision_us_p99"] >= out["decision_us_p50"] > 0
+    assert min(out["process_ms_per_request"], out["pipe_round_trip_ms"], out["process_cpu_ms_per_request"]) > 0
 
 
 SERVE_MEASURED = {f"{name}_ms_{stat}" for name in ("inprocess", "sdk", "raw_http", "wakeup", "echo")

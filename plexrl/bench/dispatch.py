@@ -1,14 +1,19 @@
-"""`plexrl bench dispatch`: what the local engine adds per request, and what a decision costs.
+"""`plexrl bench dispatch`: what the runtime adds per request, and what a decision costs.
 
 - overhead per no-op request: submit -> router -> group queue -> worker -> future, awaited one
   at a time (latency) and pipelined (throughput), against the physical reference of a bare
   thread handoff (a request and a reply through two `queue.Queue`s) measured in the same run;
+- the same on the process engine (the worker in a process of its own), awaited one at a time,
+  with this process's CPU time per request, against a bare round trip of a call's message
+  through a `multiprocessing` pipe to an echoing process;
 - scheduler decision time: `choose` (switch-aware HRRN) over 1,000 ready requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing
 import queue
 import tempfile
 import threading
@@ -38,13 +43,50 @@ def noop_overhead_ms(cluster, state, n: int) -> tuple[float, float]:
 def local_noop_overhead_ms(n: int) -> tuple[float, float]:
     """The local engine's no-op figures, on a frozen micro model (the call's size is nil)."""
     from plexrl.engines.local import LocalCluster
+
+    with _micro_cluster(LocalCluster) as (cluster, state):
+        return noop_overhead_ms(cluster, state, n)
+
+
+def process_noop_ms(n: int) -> tuple[float, float]:
+    """(ms per no-op call awaited one at a time, ms of this process's CPU per call) on the process engine."""
+    from plexrl.engines.process import ProcessCluster
+
+    with _micro_cluster(ProcessCluster) as (cluster, state):
+        noop_overhead_ms(cluster, state, max(n // 10, 1))  # warm both paths
+        cpu, t0 = time.process_time(), time.perf_counter()
+        for _ in range(n):
+            cluster.submit(state, "noop", None).result()
+        return (time.perf_counter() - t0) / n * 1e3, (time.process_time() - cpu) / n * 1e3
+
+
+@contextlib.contextmanager
+def _micro_cluster(engine):
     from plexrl.models.tiny import make_tiny_model
 
     with tempfile.TemporaryDirectory() as folder:
         model = make_tiny_model(f"{folder}/micro", seed=0, hidden_size=16, num_layers=1, num_heads=2)
-        with LocalCluster(devices=1, device_memory_bytes=16 << 20, host_memory_bytes=64 << 20) as cluster:
-            frozen = cluster.service_client("bench").create_sampling_client(model)
-            return noop_overhead_ms(cluster, frozen.state, n)
+        with engine(devices=1, device_memory_bytes=16 << 20, host_memory_bytes=64 << 20) as cluster:
+            yield cluster, cluster.service_client("bench").create_sampling_client(model).state
+
+
+def _echo(conn) -> None:
+    while (message := conn.recv()) is not None:
+        conn.send(message)
+
+
+def pipe_round_trip_ms(n: int) -> float:
+    """A call's message (steps, function, payload, state, prefetch steps) to a spawned process
+    and back through a pipe: what a process-engine call cannot avoid."""
+    ours, theirs = multiprocessing.Pipe()
+    echo = multiprocessing.get_context("spawn").Process(target=_echo, args=(theirs,), daemon=True)
+    echo.start()
+    message = ([], "noop", None, "bench/model-0", [])
+    ours.send(message), ours.recv()
+    elapsed_ms = _round_trips_ms(lambda: ours.send(message), ours.recv, n)
+    ours.send(None)
+    echo.join()
+    return elapsed_ms
 
 
 def thread_handoff_ms(n: int) -> float:
@@ -56,14 +98,19 @@ def thread_handoff_ms(n: int) -> float:
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    t0 = time.perf_counter()
-    for i in range(n):
-        requests.put(i)
-        replies.get()
-    elapsed = time.perf_counter() - t0
+    elapsed_ms = _round_trips_ms(lambda: requests.put(0), replies.get, n)
     requests.put(None)
     server.join()
-    return elapsed / n * 1e3
+    return elapsed_ms
+
+
+def _round_trips_ms(send, receive, n: int) -> float:
+    """Milliseconds per message sent and its reply received, over `n` in a row."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        send()
+        receive()
+    return (time.perf_counter() - t0) / n * 1e3
 
 
 def decision_us(n_ready: int, repeats: int, seed: int = 0) -> list[float]:
@@ -90,15 +137,21 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     latency_ms, pipelined_ms = local_noop_overhead_ms(args.requests)
     handoff_ms = thread_handoff_ms(args.requests)
+    process_ms, process_cpu_ms = process_noop_ms(args.requests)
+    pipe_ms = pipe_round_trip_ms(args.requests)
     decisions = decision_us(args.queued, 2000)
     result = {
         "overhead_ms_per_request": latency_ms,
         "pipelined_ms_per_request": pipelined_ms,
         "thread_handoff_ms": handoff_ms,
         "overhead_ratio_to_handoff": latency_ms / handoff_ms,
+        "process_ms_per_request": process_ms,
+        "process_cpu_ms_per_request": process_cpu_ms,
+        "pipe_round_trip_ms": pipe_ms,
+        "process_ratio_to_pipe": process_ms / pipe_ms,
         "queued_requests": args.queued,
         "decision_us_p50": median(decisions),
         "decision_us_p99": percentile(decisions, 99),
     }
-    emit("dispatch: local-engine overhead and scheduler decision time", result, args.json)
+    emit("dispatch: per-request overhead (local and process engines) and scheduler decision time", result, args.json)
     return 0
