@@ -232,13 +232,15 @@ def test_budgets_hold_over_random_request_streams(micro_model, stream, policy):
 
 def test_a_snapshot_superseded_while_in_use_is_removed_once_its_call_ends(micro_model):
     """A weight sync finds its sampler snapshot busy (a call of its own holds it), so it writes a
-    new version and retires the old one; the old one goes once that call is done. (A snapshot
+    new version and retires the old one; the old one goes once that call is done, and a call
+    naming it that arrives later runs on the new version (`Node._follow_superseded`). (A snapshot
     another call's load evicts is not busy: its clean copy is let go as that call is dispatched,
     tests/test_engines.py.)"""
     with plexrl.LocalCluster(devices=1, prefetch=False) as c:
         a = c.service_client("job-a").create_training_client(base_model=micro_model, seed=0)
         sampler = a.save_weights_and_get_sampling_client()
-        old = sampler.state.state_id
+        handle = sampler.state
+        old = handle.state_id
         sm = c.nodes[0].target.sm
         release, in_use, go = sm.release, threading.Event(), threading.Event()
 
@@ -259,6 +261,11 @@ def test_a_snapshot_superseded_while_in_use_is_removed_once_its_call_ends(micro_
         call.result(timeout=60)
         assert old not in c.residency()
         assert new.state_id in c.residency()
+        # a call that names the old snapshot and reaches the node only now (made just before the sync
+        # ran) follows the sync, as its sampling client does, instead of failing on a retired model
+        tokens = plexrl.ModelInput.from_ints([5, 6, 7])
+        late = plexrl.SamplingClient(c, handle, seed=0).compute_logprobs(tokens).result(timeout=60)
+        assert late == plexrl.SamplingClient(c, new, seed=0).compute_logprobs(tokens).result(timeout=60)
 
 
 @pytest.mark.parametrize("policy, first", [("plexrl", "job-a"), ("hrrn", "job-b")])

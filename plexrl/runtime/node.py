@@ -33,6 +33,7 @@ import functools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from plexrl.samplers.vllm_sampler import check_vllm_state
 log = logging.getLogger("plexrl.runtime")
 
 RESTART_TIMEOUT_S = 300.0
+SUPERSEDED_KEPT = 1024  # retired snapshots a late call may still name (it races its sync by milliseconds)
 RESTART_POLL_S = 0.05
 
 
@@ -110,6 +112,8 @@ class Node:
         self._incarnations: dict[int, str] = {}  # device -> the worker process last heard from
         self._restarting: set[int] = set()  # devices whose dispatcher must wait for their new worker
         self._samplers: dict[tuple[str, str], str] = {}
+        # retired snapshot -> its (trainer, name): a call racing the sync that retired it follows it
+        self._superseded: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._bases: dict[str, object] = {}  # source -> the frozen base module its LoRA states share
         self._bases_lock = threading.Lock()
         self._versions: dict[tuple[str, str], int] = {}
@@ -283,10 +287,20 @@ class Node:
 
     def _submit(self, request: Request) -> None:
         try:
+            self._follow_superseded(request)
             self._check_not_torn(request)
             self.group.submit(request)
         except errors.StateLost as lost:
             request.future.set_exception(lost)
+
+    def _follow_superseded(self, request: Request) -> None:
+        """A call that reaches the node after a sync retired and dropped its sampler snapshot
+        (its client named the snapshot that was latest when the call was made, and the sync ran
+        before the call arrived) runs on the snapshot that replaced it: a sampling client follows
+        the latest sync (`api.client.SamplingClient`). A snapshot still here keeps its calls."""
+        key = self._superseded.get(request.state_id)
+        if key is not None and request.state_id not in self.sm.states and key in self._samplers:
+            request.state_id = self._samplers[key]
 
     def _check_not_torn(self, request: Request) -> None:
         """A torn (or unreadable) state takes nothing but a restore (load_state)."""
@@ -582,6 +596,9 @@ class Node:
         self._fit_arenas(holding=frozenset({trainer.state_id}))  # a first vLLM snapshot keeps its engine's share
         self._samplers[key] = fresh.state_id
         if snapshot is not None:
+            self._superseded[snapshot.state_id] = key
+            while len(self._superseded) > SUPERSEDED_KEPT:
+                self._superseded.popitem(last=False)
             self.group.retire(snapshot.state_id, lambda sid=snapshot.state_id: self._remove(sid))
         return Synced(self._handle(fresh), name)
 
