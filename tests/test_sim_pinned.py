@@ -11,7 +11,11 @@ loop (`Placer.observe`) change which jobs share GPUs and when they are admitted;
 last call), which changes the placer's predictions and so the PlexRL modes' placements.
 Then a job consolidates its rollouts' tails only while it shares its GPUs (`plexrl_mode.Tail`):
 every PlexRL mode but `plexrl-wholetail` changed, and `plexrl-alltail` (every job consolidates,
-as all of them did before) reproduces the previous `plexrl` figures exactly. The workload is
+as all of them did before) reproduces the previous `plexrl` figures exactly. Then elastic
+rollouts (`sim/rollout.py`): a shared job's rollout decodes on whichever replicas it may use;
+every PlexRL mode whose jobs share changed (`plexrl-wholetail` consolidates nothing, so it
+shares no rollout out and is unchanged), and `plexrl-pinned` reproduces the previous `plexrl`
+figures exactly. The workload is
 pinned with `pack_limit: null` (each job judged by its own slack, 1.0), so its jobs share GPUs
 and every contended path runs; the default limit (`PACKING_PAYS`, the sharing that pays for
 jobs that end) shares no GPU here: every job queues for its own, its step times sum to
@@ -43,16 +47,18 @@ WORKLOAD = Workload.model_validate({
 PINNED = {
     "colocated": (221, 9181.825802587655, 59001.812165875024, 113.03840000000007, 46853.87295637255),
     "split": (153, 13977.755277924665, 91090.24558119365, 39.86240000000001, 39786.07107401961),
-    "plexrl": (236, 11048.29996229017, 45744.935663725504, 162.6720000000002, 45744.935663725504),
-    "plexrl-hrrn": (236, 11048.29996229017, 45744.935663725504, 162.6720000000002, 45744.935663725504),
-    "plexrl-sjf": (236, 10778.644782143114, 45736.60446372551, 154.34080000000017, 45736.6044637255),
-    "plexrl-fcfs": (236, 11048.29996229017, 45744.935663725504, 162.6720000000002, 45744.935663725504),
-    "plexrl-firstfit": (236, 11462.654154619453, 45707.18571960786, 173.24320000000023, 45707.18571960785),
+    "plexrl": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
+    "plexrl-hrrn": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
+    "plexrl-sjf": (202, 9914.241203387677, 44144.265542129855, 162.68040000000013, 44144.26554212983),
+    "plexrl-fcfs": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
+    "plexrl-firstfit": (202, 9951.545887478773, 43724.29160606174, 156.4516000000001, 43724.29160606171),
     # one node group: packing first has no other group to prefer, so it places as `plexrl`
-    "plexrl-pack": (236, 11048.29996229017, 45744.935663725504, 162.6720000000002, 45744.935663725504),
-    "plexrl-noshift": (236, 11333.790262786319, 45786.41626372551, 204.15260000000015, 45786.41626372549),
+    "plexrl-pack": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
+    "plexrl-noshift": (203, 9835.938726779941, 43148.2534917538, 164.28040000000018, 43148.25349175377),
     "plexrl-wholetail": (226, 14991.854105921533, 47051.13295637257, 310.2984000000003, 47051.13295637253),
-    "plexrl-alltail": (278, 11498.989024048049, 45543.17508823531, 173.24320000000023, 45543.1750882353),
+    "plexrl-alltail": (148, 9947.22735769384, 43875.85995034716, 162.68040000000008, 43875.859950347134),
+    # rollouts pinned to their replicas: `plexrl` as it was before elastic rollouts, bit for bit
+    "plexrl-pinned": (236, 11048.29996229017, 45744.935663725504, 162.6720000000002, 45744.935663725504),
 }
 # `plexrl` under the default pack limit (PACKING_PAYS)
 PINNED_PAYING = (226, 9181.825802587655, 46853.872956372565, 113.03840000000007, 46853.87295637255)

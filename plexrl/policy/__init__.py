@@ -1,4 +1,5 @@
-"""Pure policy: priority, group queues, transition planning, placement, estimates, accounting.
+"""Pure policy: priority, group queues, transition planning, placement, estimates, accounting,
+and how elastic rollouts share replicas.
 
 Shared by the real runtime and the simulator. Standard library and numpy only; no I/O, no
 clock, no torch or ray: time is an argument and randomness an injected generator.
@@ -22,6 +23,7 @@ from plexrl.policy.profile import (
     waited_s,
 )
 from plexrl.policy.resources import Node, NodeGroup, ResourceView
+from plexrl.policy.rollout_share import share_replicas
 from plexrl.policy.transitions import choose_window, plan_host_room, plan_load, plan_prefetch
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
@@ -31,5 +33,5 @@ __all__ = [
     "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "StepClock", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
     "measured_inflation", "offload_estimate", "plan_host_room", "plan_load", "plan_prefetch", "priorities",
-    "profile_from_events", "resample", "step_inflation", "waited_s",
+    "profile_from_events", "resample", "share_replicas", "step_inflation", "waited_s",
 ]

@@ -39,6 +39,7 @@ class Group:
         self.idle = len(workers)
         self.queue = ReadyQueue(16)
         self.waiting: dict[int, Request] = {}
+        self.rollouts: list = []  # elastic rollouts of jobs placed here, in start order (`sim/rollout.py`)
         for w in workers:
             w.group = self
 

@@ -36,6 +36,7 @@ from plexrl.sim.latency import JobCosts, consolidated_rows, decode_rows, sample_
 from plexrl.sim.workload import Job
 
 SAMPLER, REF, TRAINER = "sampler", "ref", "trainer"
+MAIN, REFILL = 0, 1  # `Phase.part`: a sample phase decodes the step's responses (per turn), or its refill
 
 
 class Phase(NamedTuple):  # immutable; a tuple because every step of every job builds ~15 of them
@@ -44,6 +45,7 @@ class Phase(NamedTuple):  # immutable; a tuple because every step of every job b
     shard_s: tuple[float, ...] = ()  # device phases: seconds per shard
     idle_s: float = 0.0  # idle phases
     shard_gpus: int = 1  # GPUs each shard occupies together (a replica, or all the state's GPUs)
+    part: int = -1  # sample phases: whose lengths they decode, the step's responses (0) or its refill (1)
 
 
 def states_of(job: Job) -> tuple[str, ...]:
@@ -151,9 +153,9 @@ def plan_steps(
     whole block (the same floats as step by step: tested). Lengths must be float64."""
     r = job.rollout
     shape = (costs, rollout_gpus // job.tp, job.tp, r.prompt_tokens if consolidate_tail else None)
-    rollouts = _rollout(draws.lengths, r.turns, draws.tool_waits, *shape)
+    rollouts = _rollout(draws.lengths, r.turns, draws.tool_waits, *shape, MAIN)
     if draws.refill is not None:
-        refills = _rollout(draws.refill, 1, draws.tool_waits, *shape)
+        refills = _rollout(draws.refill, 1, draws.tool_waits, *shape, REFILL)
     else:
         refills = [[] for _ in range(len(draws))]
     tokens = (draws.lengths.sum(axis=1) + r.responses * r.prompt_tokens).tolist()
@@ -180,6 +182,7 @@ def _rollout(
     replicas: int,
     tp: int,
     tail_prompt_tokens: int | None,
+    part: int,
 ) -> list[list[Phase]]:
     """Per row of `lengths` (a step), `turns` sample phases separated by tool waits (a row of
     `tool_waits` each); `tail_prompt_tokens` set means consolidate each turn's long tail (its
@@ -195,10 +198,10 @@ def _rollout(
     steps = []
     for i, split in enumerate(splits):
         if split is None:
-            turn_phases = [Phase("sample", SAMPLER, tuple(whole[i].tolist()), shard_gpus=tp)]
+            turn_phases = [Phase("sample", SAMPLER, tuple(whole[i].tolist()), shard_gpus=tp, part=part)]
         else:
-            turn_phases = [Phase("sample", SAMPLER, split[0], shard_gpus=tp),
-                           Phase("sample_tail", SAMPLER, split[1], shard_gpus=tp)]
+            turn_phases = [Phase("sample", SAMPLER, split[0], shard_gpus=tp, part=part),
+                           Phase("sample_tail", SAMPLER, split[1], shard_gpus=tp, part=part)]
         phases = list(turn_phases)
         for wait in waits[i]:
             phases.append(Phase("tools", None, idle_s=wait))
@@ -247,6 +250,14 @@ class StepPlans:
             drawn = draw_rows(job, draws.rng)
             draws.blocks.append(drawn.rows(0, len(drawn), draws.length_type))
         return draws
+
+
+def part_lengths(job: Job, draws: StepDraws, part: int) -> np.ndarray:
+    """The lengths a sample phase of `part` decodes in one turn (what `plan_steps` deals)."""
+    if part == REFILL:
+        return draws.refill
+    turns = job.rollout.turns
+    return draws.lengths if turns == 1 else draws.lengths / turns
 
 
 def _length_type(job: Job) -> type:

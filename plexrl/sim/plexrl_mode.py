@@ -18,7 +18,12 @@ does not: consolidating frees GPUs nobody is placed to use and makes its own ste
 (the tail's re-prefill and its larger batch per replica), as in the baselines, whose jobs own
 their devices. The choice is made as each step begins, from who is placed on the job's GPUs
 then (`Tail.SHARED`); `plexrl-alltail` consolidates every step of every job (`Tail.ALWAYS`),
-`plexrl-wholetail` none (`Tail.NEVER`).
+`plexrl-wholetail` none (`Tail.NEVER`). A step that consolidates is also elastic (`rollout.py`):
+each rollout turn decodes on whichever of the job's replicas no call runs on or waits for, and
+the replicas move between the group's rollouts as they come and go (`plexrl-pinned`: dealt
+once to every replica, as the baselines do). The placer judges placements with the pinned
+rollouts' co-tenancy model, which over-predicts what elastic rollouts realise where a job's
+turns are short beside a co-tenant's long rollouts (`plexrl bench cotenancy`).
 """
 
 from __future__ import annotations
@@ -88,9 +93,10 @@ class PlexRLMode(Mode):
     exclusive_groups = False  # jobs share node groups: every call goes through the request policy
 
     def __init__(self, *args, placer: Callable[..., Placer] = Placer, tail: Tail = Tail.SHARED,
-                 feedback: bool = True, **kwargs):
+                 feedback: bool = True, elastic: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.tail = Tail(tail)
+        self.elastic = elastic
         view = resource_view(self.cluster)
         self.empty_view = resource_view(self.cluster)
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
@@ -168,6 +174,7 @@ class PlexRLMode(Mode):
             if forecast.closed is None:
                 forecast.update(now, placer.inflation_of(name), shared)
             job.consolidate_tail = self.tail is Tail.ALWAYS or (self.tail is Tail.SHARED and shared)
+            job.elastic = self.elastic and job.consolidate_tail
 
     def predicted(self, job: SimJob, end: float) -> tuple[float | None, bool]:
         forecast = self.forecasts.get(job.name)
@@ -202,6 +209,14 @@ def pack_first(workload, cluster, policy) -> PlexRLMode:
 def whole_tail(workload, cluster, policy) -> PlexRLMode:
     mode = PlexRLMode(workload, cluster, policy, tail=Tail.NEVER)
     mode.name = "plexrl-wholetail"
+    return mode
+
+
+def pinned(workload, cluster, policy) -> PlexRLMode:
+    """Rollouts dealt to their replicas once, as in the baselines (a shared job's consolidated
+    tail included), instead of elastic over the replicas it may use."""
+    mode = PlexRLMode(workload, cluster, policy, elastic=False)
+    mode.name = "plexrl-pinned"
     return mode
 
 

@@ -13,6 +13,12 @@ GPUs a job's states are placed on, how GPUs are grouped, and what the job is cha
      caused (a GPU that waits in the gang for a slower GPU's switch is occupied too);
   5) when every shard of a phase is done the controller moves on (idle phases are timers).
 Execution estimates for the priority are learned online (`ExecEstimator`), as in the runtime.
+Elastic rollouts (PlexRL jobs that share their GPUs, `rollout.py`): a sample phase is not one
+call per replica but one `Rollout` that decodes on the replicas no call runs on or waits for,
+shared out among the group's rollouts by `policy.share_replicas` whenever a call or a rollout
+segment ends or a rollout begins (`_rebalance`); a segment runs non-preemptively to its
+rollout's consolidation cut or end, or until the replicas are shared out again, and is charged
+per GPU when it stops.
 Invariant (tested): per GPU, ledger busy time == the busy intervals recorded here.
 Speed: this is the simulator's hot loop (one start and one `_done` per call). A call that
 starts at once with its state resident on its whole gang (most) is started inline by
@@ -33,13 +39,14 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
-from plexrl.policy import ExecEstimator, Ledger, Policy, StepClock
+from plexrl.policy import ExecEstimator, Ledger, Policy, StepClock, share_replicas
 from plexrl.policy.types import Tier
 
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
-from plexrl.sim.phases import Phase, StepPlans, solo_step_s
+from plexrl.sim.phases import Phase, StepPlans, part_lengths, solo_step_s
+from plexrl.sim.rollout import Decode, Rollout, Segment, segment_end
 from plexrl.sim.worker import KIND_NAME, Request, SimWorker
 from plexrl.sim.workload import Job
 
@@ -65,12 +72,14 @@ class SimJob:
     submitted: int = 0
     served: int = 0
     consolidate_tail: bool = False  # PlexRL: finish each rollout's long tail on a few replicas (its next steps)
+    elastic: bool = False  # PlexRL, while it shares: its rollouts decode on whichever replicas it may use (`rollout.py`)
     tail_steps: list[bool] = field(default_factory=list)  # `consolidate_tail` as each step began
     clock: StepClock = field(default_factory=StepClock.none)  # its slack in the step (PlexRL: slack x profile period)
     phase_start: float = 0.0
     plans: StepPlans = field(default_factory=StepPlans)  # shared with other modes of the workload: planned once
     _units: dict[tuple[str, int], list[tuple[SimWorker, ...]]] = field(default_factory=dict)
     _sids: dict[str, str] = field(default_factory=dict)
+    _decodes: dict[tuple[int, int], Decode] = field(default_factory=dict)  # this step's, by part (`decode`)
 
     def __post_init__(self) -> None:
         self._name = self.spec.name  # read on every call; the spec is a pydantic model
@@ -97,6 +106,18 @@ class SimJob:
         return sum(solo_step_s(self.plans.step(self.spec, self.seed, self.index, self.costs, k, rollout, train,
                                                self.tail_steps[k]))
                    for k in range(self.step))
+
+    def decode(self, part: int) -> Decode:
+        """How a sample phase of `part` decodes in one turn of the current step: every turn of a
+        step decodes the same lengths (`phases.part_lengths`), so it is built once per step."""
+        key = (self.step, part)
+        found = self._decodes.get(key)
+        if found is None:
+            draws = self.plans.draws(self.spec, self.seed, self.index, self.step)
+            if self._decodes and next(iter(self._decodes))[0] != self.step:
+                self._decodes.clear()
+            found = self._decodes[key] = Decode(part_lengths(self.spec, draws, part), self.costs)
+        return found
 
     def gangs(self, phase: Phase) -> list[tuple[SimWorker, ...]]:
         """The gang of each of a phase's shards: consecutive runs of `shard_gpus` of the state's
@@ -127,6 +148,8 @@ class Service:
         self.estimator = ExecEstimator(prior_s=prior_s)
         self.busy = array("d")  # every call's (start, end, GPUs), flat
         self._seq = 0
+        self._rollouts: dict[Rollout, None] = {}  # elastic rollouts in progress, in start order
+        self._segments = 0  # rollout segments started: each end event carries its number
 
     # --- controllers --------------------------------------------------------------------------
     def start(self, job: SimJob) -> None:
@@ -164,6 +187,9 @@ class Service:
 
     # --- groups and GPUs ------------------------------------------------------------------------
     def _submit_phase(self, job: SimJob, phase: Phase) -> None:
+        if phase.fn == "sample" and job.elastic and job.tail_steps[-1]:
+            self._start_rollout(job, phase)
+            return
         loop, estimator = self.loop, self.estimator
         now, sid, fn = loop.now, job.state_id(phase.state), phase.fn
         gangs = job.gangs(phase)
@@ -277,7 +303,12 @@ class Service:
         self._advance(job)
 
     def finish(self, until: float) -> None:
-        """At the horizon: count the calls of phases ending together that ended by `until`."""
+        """At the horizon: count the calls of phases ending together that ended by `until`, and
+        charge the rollouts' segments running then up to it."""
+        for rollout in list(self._rollouts):
+            seg = rollout.segment
+            if seg is not None and seg.start < until:
+                self._stop_segment(rollout, max(until, seg.start + seg.switch_s))
         for job, (ends, _) in self._together.items():
             ended = sum(1 for end in ends if end <= until)
             job.served += ended
@@ -300,6 +331,147 @@ class Service:
             self._advance(job)
         if group.waiting:  # `select` starts nothing from an empty queue
             self._dispatch(group)
+        if group.rollouts and _short_of_replicas(group.rollouts):
+            self._rebalance(group)
+
+    # --- elastic rollouts (`rollout.py`) --------------------------------------------------------
+    def _start_rollout(self, job: SimJob, phase: Phase) -> None:
+        """A turn of the job's generation begins: it decodes on whichever of its replicas it
+        may use (its pinned consolidated tail, the next phase, is part of it)."""
+        now = self.loop.now
+        solo_s = max(phase.shard_s)
+        if job.phase_i < len(job.phases) and job.phases[job.phase_i].fn == "sample_tail":
+            solo_s += max(job.phases[job.phase_i].shard_s)
+            job.phase_i += 1
+        units = job.gangs(phase)
+        rollout = Rollout(job, job.state_id(phase.state), units, job.decode(phase.part), now, solo_s)
+        job.outstanding, job.phase_start = 1, now
+        self._rollouts[rollout] = None
+        group = units[0][0].group
+        group.rollouts.append(rollout)
+        self._rebalance(group)
+
+    def _rebalance(self, group: Group) -> None:
+        """Share the replicas no call runs on or waits for among the group's rollouts
+        (`policy.share_replicas`), and move each rollout whose share changed."""
+        now = self.loop.now
+        claimed = {w for r in group.waiting.values() for w in r.gang} if group.waiting else set()
+        holder: dict[SimWorker, Rollout] = {}
+        fixed: list[Rollout] = []  # loading its replicas: keeps them until the load is done
+        for rollout in group.rollouts:
+            seg = rollout.segment
+            if seg is None:
+                continue
+            if now < seg.start + seg.switch_s:
+                fixed.append(rollout)
+            for unit in seg.units:
+                for w in unit:
+                    holder[w] = rollout
+        movable = [r for r in group.rollouts if r not in fixed]
+        if not movable:
+            return
+        wants, usable, held, by_key = [], [], [], []
+        for rollout in movable:
+            keys = {}
+            for key, unit in zip(rollout.keys, rollout.units):
+                for w in unit:
+                    owner = holder.get(w)
+                    if (owner is None and (w.busy or w in claimed)) or owner in fixed:
+                        break
+                else:
+                    keys[key] = unit
+            by_key.append(keys)
+            usable.append(list(keys))
+            seg = rollout.segment
+            held.append([key for key, unit in zip(rollout.keys, rollout.units) if unit in seg.units]
+                        if seg is not None else [])
+            wants.append(rollout.want())
+        shares = share_replicas(wants, usable, held)
+        moves = []
+        for rollout, share, mine, keys in zip(movable, shares, held, by_key):
+            if set(share) != set(mine):
+                moves.append((rollout, tuple(keys[key] for key in share)))
+        for rollout, _ in moves:
+            if rollout.segment is not None:
+                self._stop_segment(rollout, now)
+        for rollout, units in moves:
+            if units:
+                self._start_segment(rollout, units, now)
+
+    def _start_segment(self, rollout: Rollout, units: tuple, now: float) -> None:
+        job, sid = rollout.job, rollout.sid
+        kept = tuple(u for u in units if u in rollout.kv_units and all(w.states[sid].tier is DEVICE for w in u))
+        own = [0.0 if mark_used(unit, sid, now) else self._switch_in(unit, job.name, sid, now) for unit in units]
+        switch_s = max(own)
+        for unit, unit_s in zip(units, own):  # held while a slower replica of the segment loads
+            if unit_s < switch_s:
+                for w in unit:
+                    self.ledger.charge_transition(job.name, w.wid, "gang_wait", 0, switch_s - unit_s)
+        moving_s = rollout.moving_s(units, kept)
+        k_end, end = segment_end(rollout, now, switch_s, moving_s, len(units))
+        token = self._segments
+        self._segments += 1
+        rollout.segment = Segment(units, now, switch_s, moving_s, rollout.k, k_end, end, token)
+        gpus = 0
+        for unit in units:
+            for w in unit:
+                w.busy, w.expected_end = True, end
+            gpus += len(unit)
+        units[0][0].group.idle -= gpus
+        job.submitted += len(units)
+        self.loop.at(end, self._segment_end, (rollout, token))
+
+    def _stop_segment(self, rollout: Rollout, now: float) -> None:
+        """End the rollout's segment at `now` (at or after its load): how far it decoded, and
+        the charge for it."""
+        seg, job = rollout.segment, rollout.job
+        rollout.segment = None
+        decoding = now - seg.decoding_from
+        if now >= seg.end:
+            rollout.k = seg.k_end
+        elif decoding > 0:
+            rollout.k = rollout.decode.reach(seg.k0, decoding, len(seg.units), seg.k_end)
+        if now >= seg.decoding_from:  # its live responses are spread over these replicas now
+            rollout.kv_units = seg.units
+        exec_s = now - seg.start - seg.switch_s
+        usage, device_busy = self.ledger.jobs[job.name], self.ledger.device_busy_s
+        gpus = 0
+        for unit in seg.units:
+            for w in unit:
+                w.busy = False
+                device_busy[w.wid] += exec_s
+            usage.exec_s += exec_s * len(unit)
+            usage.exec_wall_s += exec_s * len(unit)
+            usage.requests += 1
+            self.busy.extend((seg.start, now, len(unit)))
+            gpus += len(unit)
+        seg.units[0][0].group.idle += gpus
+        job.served += len(seg.units)
+
+    def _segment_end(self, arg: tuple) -> None:
+        rollout, token = arg
+        seg = rollout.segment
+        if seg is None or seg.token != token:  # stopped earlier, or moved on
+            return
+        group = seg.units[0][0].group
+        self._stop_segment(rollout, self.loop.now)
+        if rollout.done:
+            self._finish_rollout(rollout)
+        else:  # at its consolidation cut: it goes on at once on the replicas it keeps
+            self._start_segment(rollout, seg.units[:rollout.want()], self.loop.now)
+        if group.waiting:
+            self._dispatch(group)
+        if group.rollouts and _short_of_replicas(group.rollouts):
+            self._rebalance(group)
+
+    def _finish_rollout(self, rollout: Rollout) -> None:
+        job, now = rollout.job, self.loop.now
+        group = rollout.units[0][0].group
+        group.rollouts.remove(rollout)
+        del self._rollouts[rollout]
+        job.outstanding = 0
+        job.clock.delayed(max(0.0, now - rollout.started - rollout.solo_s))
+        self._advance(job)
 
 
 def occupy_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: float, wait_s: float,
@@ -318,6 +490,16 @@ def occupy_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: f
     usage.exec_s, usage.exec_wall_s = total, wall
     usage.queue_wait_s += wait_s
     usage.requests += 1
+
+
+def _short_of_replicas(rollouts: list[Rollout]) -> bool:
+    """Whether a rollout holds fewer replicas than it wants: only then can GPUs that free up
+    change how the group's replicas are shared (a rollout that begins shares them out itself)."""
+    for rollout in rollouts:
+        seg = rollout.segment
+        if seg is None or len(seg.units) < rollout.want():
+            return True
+    return False
 
 
 def mark_used(gang: tuple[SimWorker, ...], sid: str, now: float) -> bool:

@@ -5,8 +5,9 @@ priority) and `plexrl-hrrn`, `plexrl-sjf`, `plexrl-fcfs`, all with phase-shift p
 `plexrl-firstfit` (switch-aware priority, first-fit placement), `plexrl-noshift` (the Placer's
 groups and devices without phase shifts), `plexrl-pack` (the Placer packing into groups that
 already carry jobs first, `Placer(pack_first=True)`), `plexrl-wholetail` (PlexRL without long-tail
-consolidation: every sampler worker stays through the tail) and `plexrl-alltail` (every job
-consolidates its tails, sharing or not; `plexrl` consolidates only while a job shares its GPUs).
+consolidation: every sampler worker stays through the tail), `plexrl-alltail` (every job
+consolidates its tails, sharing or not; `plexrl` consolidates only while a job shares its GPUs)
+and `plexrl-pinned` (a shared job's rollouts dealt to its replicas once instead of elastic).
 Every PlexRL mode places with the workload's `pack_limit` (the operator's setting, default
 `placement.PACKING_PAYS`: the simulator's jobs all end, so a shared placement judges them by
 at most that slowdown; `plexrl sim --pack-limit none` judges each by its own slack).
@@ -23,7 +24,7 @@ from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import ColocatedMode
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
-from plexrl.sim.plexrl_mode import PlexRLMode, all_tail, first_fit, no_shift, pack_first, whole_tail
+from plexrl.sim.plexrl_mode import PlexRLMode, all_tail, first_fit, no_shift, pack_first, pinned, whole_tail
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.split_mode import SplitMode
@@ -43,6 +44,7 @@ def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
     table["plexrl-pack"] = lambda w, c: pack_first(w, c, Policy.PLEXRL)
     table["plexrl-wholetail"] = lambda w, c: whole_tail(w, c, Policy.PLEXRL)
     table["plexrl-alltail"] = lambda w, c: all_tail(w, c, Policy.PLEXRL)
+    table["plexrl-pinned"] = lambda w, c: pinned(w, c, Policy.PLEXRL)
     return table
 
 
