@@ -91,20 +91,23 @@ def test_moving_responses_costs_their_prompt_and_tokens_so_far():
 PAIR_CLUSTER = Cluster(name="pair", nodes_per_pod=2, group_nodes=2)
 
 
-def pair(seed: int = 0) -> Workload:
-    """A code job (long rollouts, long sandbox) and an agentic one (short turns) forced onto the
-    same 16 GPUs: the combination where rollouts pinned to every replica hurt most."""
+def pair(seed: int = 0, agents: int = 1) -> Workload:
+    """A code job (long rollouts, long sandbox) and `agents` agentic ones (short turns) forced onto
+    the same 16 GPUs: the combination where rollouts pinned to every replica hurt most."""
     common = {"algorithm": "dapo", "params_b": 30, "active_params_b": 3, "tp": 2, "dp": 8, "steps": 6,
               "slack": 10.0}
     return Workload.model_validate({"name": "pair", "seed": seed, "pack_limit": None, "jobs": [
         {"name": "code", "reward_s": 650, "rollout": {"refill_fraction": 0.25}, **common},
-        {"name": "agent", "arrival_s": 1.0, "reward_s": 20, "rollout": {"turns": 5, "tool_s": 60}, **common},
+        {"name": "agent", "count": agents, "arrival_s": 1.0, "arrival_every_s": 1.0, "reward_s": 20,
+         "rollout": {"turns": 5, "tool_s": 60}, **common},
     ]})
 
 
 def checked_run(make, workload):
-    """Run with every hold of a GPU checked: nothing starts on a busy GPU."""
-    occupy, start = service_module.occupy_gang, service_module.Service._start_segment
+    """Run with every hold of a GPU checked: nothing starts on a busy GPU, and a rollout never
+    takes a GPU a queued call waits for (it may keep one it held: calls do not preempt it)."""
+    Service = service_module.Service
+    occupy, start, rebalance = service_module.occupy_gang, Service._start_segment, Service._rebalance
 
     def occupy_free(ledger, job, gang, *args):
         assert not any(w.busy for w in gang), "a call started on a busy GPU"
@@ -114,20 +117,31 @@ def checked_run(make, workload):
         assert not any(w.busy for unit in units for w in unit), "a rollout started on a busy GPU"
         return start(self, rollout, units, now)
 
-    service_module.occupy_gang, service_module.Service._start_segment = occupy_free, start_free
+    def rebalance_fair(self, group):
+        claimed = {w for r in group.waiting.values() for w in r.gang}
+        before = {r: {w for u in r.segment.units for w in u} if r.segment else set() for r in group.rollouts}
+        rebalance(self, group)
+        for r, held in before.items():
+            now_held = {w for u in r.segment.units for w in u} if r.segment else set()
+            assert not (now_held & claimed) - held, "a rollout took a GPU a queued call waits for"
+
+    service_module.occupy_gang = occupy_free
+    Service._start_segment, Service._rebalance = start_free, rebalance_fair
     try:
         mode = make(workload, PAIR_CLUSTER, Policy.PLEXRL)
         return mode, mode.run()
     finally:
-        service_module.occupy_gang, service_module.Service._start_segment = occupy, start
+        service_module.occupy_gang = occupy
+        Service._start_segment, Service._rebalance = start, rebalance
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return {name: checked_run(make, pair()) for name, make in (("elastic", PlexRLMode), ("pinned", pinned))}
+    return {**{name: checked_run(make, pair()) for name, make in (("elastic", PlexRLMode), ("pinned", pinned))},
+            "elastic, three jobs": checked_run(PlexRLMode, pair(agents=2))}
 
 
-@pytest.mark.parametrize("name", ["elastic", "pinned"])
+@pytest.mark.parametrize("name", ["elastic", "pinned", "elastic, three jobs"])
 def test_every_gpu_second_is_charged_once_and_every_segment_counted(runs, name):
     mode, result = runs[name]
     start, end, gpus = result.busy_intervals

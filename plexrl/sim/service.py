@@ -374,9 +374,9 @@ class Service:
         for rollout in movable:
             keys = {}
             for key, unit in zip(rollout.keys, rollout.units):
-                for w in unit:
+                for w in unit:  # it keeps what it holds; takes what is free or another rollout's, unless a call waits
                     owner = holder.get(w)
-                    if (owner is None and (w.busy or w in claimed)) or owner in fixed:
+                    if owner is not rollout and (w in claimed or owner in fixed or (owner is None and w.busy)):
                         break
                 else:
                     keys[key] = unit
@@ -391,12 +391,16 @@ class Service:
         for rollout, share, mine, keys in zip(movable, shares, held, by_key):
             if set(share) != set(mine):
                 moves.append((rollout, tuple(keys[key] for key in share)))
+        freed = False  # a replica a call waits for, given up: the call may start
         for rollout, _ in moves:
             if rollout.segment is not None:
+                freed = freed or any(w in claimed for unit in rollout.segment.units for w in unit)
                 self._stop_segment(rollout, now)
         for rollout, units in moves:
             if units:
                 self._start_segment(rollout, units, now)
+        if freed:
+            self._dispatch(group)
 
     def _start_segment(self, rollout: Rollout, units: tuple, now: float) -> None:
         job, sid = rollout.job, rollout.sid
