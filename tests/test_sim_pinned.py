@@ -15,7 +15,9 @@ as all of them did before) reproduces the previous `plexrl` figures exactly. The
 rollouts (`sim/rollout.py`): a shared job's rollout decodes on whichever replicas it may use;
 every PlexRL mode whose jobs share changed (`plexrl-wholetail` consolidates nothing, so it
 shares no rollout out and is unchanged), and `plexrl-pinned` reproduces the previous `plexrl`
-figures exactly. The workload is
+figures exactly. Then loads and offloads copy what they would: a sampler's load its weights, not
+its KV reserve, and an offload of a read-only state (a sampler, a reference model) nothing: every
+mode that switches changed, the baselines too. The workload is
 pinned with `pack_limit: null` (each job judged by its own slack, 1.0), so its jobs share GPUs
 and every contended path runs; the default limit (`PACKING_PAYS`, the sharing that pays for
 jobs that end) shares no GPU here: every job queues for its own, its step times sum to
@@ -45,23 +47,22 @@ WORKLOAD = Workload.model_validate({
 })
 
 PINNED = {
-    "colocated": (221, 9181.825802587655, 59001.812165875024, 113.03840000000007, 46853.87295637255),
-    "split": (153, 13977.755277924665, 91090.24558119365, 39.86240000000001, 39786.07107401961),
-    "plexrl": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
-    "plexrl-hrrn": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
-    "plexrl-sjf": (202, 9914.241203387677, 44144.265542129855, 162.68040000000013, 44144.26554212983),
-    "plexrl-fcfs": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
-    "plexrl-firstfit": (202, 9951.545887478773, 43724.29160606174, 156.4516000000001, 43724.29160606171),
+    "colocated": (221, 9174.534602587655, 58949.573765875015, 60.800000000000026, 46801.63455637255),
+    "split": (153, 13973.948277924665, 91065.88078119366, 27.680000000000003, 39773.88867401961),
+    "plexrl": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
+    "plexrl-hrrn": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
+    "plexrl-sjf": (202, 9889.700473732486, 43986.79462350908, 78.64000000000003, 43986.79462350908),
+    "plexrl-fcfs": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
+    "plexrl-firstfit": (202, 9933.388846432914, 43634.755441878304, 71.36000000000001, 43634.75544187828),
     # one node group: packing first has no other group to prefer, so it places as `plexrl`
-    "plexrl-pack": (202, 9924.661576825176, 44144.265542129855, 162.68040000000008, 44144.26554212983),
-    "plexrl-noshift": (203, 9835.938726779941, 43148.2534917538, 164.28040000000018, 43148.25349175377),
-    "plexrl-wholetail": (226, 14991.854105921533, 47051.13295637257, 310.2984000000003, 47051.13295637253),
-    "plexrl-alltail": (148, 9947.22735769384, 43875.85995034716, 162.68040000000008, 43875.859950347134),
-    # rollouts pinned to their replicas: `plexrl` as it was before elastic rollouts, bit for bit
-    "plexrl-pinned": (236, 11048.29996229017, 45744.935663725504, 162.6720000000002, 45744.935663725504),
+    "plexrl-pack": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
+    "plexrl-noshift": (201, 9850.068845968108, 43085.82330482687, 81.36000000000004, 43085.82330482686),
+    "plexrl-wholetail": (226, 14939.101305921535, 46888.99455637256, 148.16000000000014, 46888.99455637255),
+    "plexrl-alltail": (148, 9925.452920224521, 43754.899800469866, 78.64000000000003, 43754.89980046985),
+    "plexrl-pinned": (236, 11039.994762290171, 45663.223663725505, 80.96000000000005, 45663.223663725505),
 }
 # `plexrl` under the default pack limit (PACKING_PAYS)
-PINNED_PAYING = (226, 9181.825802587655, 46853.872956372565, 113.03840000000007, 46853.87295637255)
+PINNED_PAYING = (226, 9174.534602587653, 46801.63455637256, 60.800000000000026, 46801.63455637255)
 
 
 @pytest.fixture(scope="module")

@@ -89,3 +89,21 @@ def test_waits_are_recorded_per_policy():
     _, service, _ = run_three_jobs(Policy.PLEXRL)
     waits = {job: u.queue_wait_s for job, u in service.ledger.jobs.items()}
     assert waits == pytest.approx({"J1": 0.0, "J2": 9.0, "J3": 12.0})
+
+
+def test_what_loads_and_offloads_copy():
+    """A load copies `loaded_nbytes` (a sampler: its weights, not its KV reserve); offloading a
+    read-only state (a sampler, a reference model) copies nothing, a trainer all it holds."""
+    w = SimWorker(wid=0, arena_bytes=250, host_bytes=10**6, link_bytes_per_s=50.0, disk_bytes_per_s=50.0)
+    w.add_state("j/sampler", "j", 150, 0, loaded_nbytes=50, read_only=True)
+    w.add_state("j/trainer", "j", 200)
+    load = w.make_resident("j/sampler", 0.0)
+    assert [(m.kind.value, m.nbytes, m.seconds) for m in load] == [("load", 50, 1.0)]
+    assert w.load_estimate_s("j/sampler") == pytest.approx(1.0)
+    swap = w.make_resident("j/trainer", 1.0)  # the sampler must make room
+    assert [(m.kind.value, m.state_id, m.nbytes, m.seconds) for m in swap] == [
+        ("offload", "j/sampler", 0, 0.0), ("load", "j/trainer", 200, 4.0)]
+    back = w.make_resident("j/sampler", 2.0)
+    assert [(m.kind.value, m.state_id, m.nbytes, m.seconds) for m in back] == [
+        ("offload", "j/trainer", 200, 4.0), ("load", "j/sampler", 50, 1.0)]
+    assert w.used == 150 == w.arena_used()

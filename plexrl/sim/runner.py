@@ -133,11 +133,16 @@ class Mode:
 
     def attach(self, job: SimJob, state: str, workers: list[SimWorker]) -> None:
         """Add the job's `state` to each of `workers`. A sampler keeps no host buffer of its
-        own: its weights are its trainer's (the KV reserve is never copied out)."""
-        nbytes = {"sampler": job.costs.sampler_bytes, "ref": job.costs.ref_bytes, "trainer": job.costs.trainer_bytes}[state]
+        own: its weights are its trainer's, and a load copies only them (its KV reserve is
+        allocated on the device, never copied in or out: vLLM's sleep level 1). Samplers and
+        reference models are read-only: offloading one copies nothing (the runtime lets a clean
+        copy go)."""
+        costs = job.costs
+        nbytes = {"sampler": costs.sampler_bytes, "ref": costs.ref_bytes, "trainer": costs.trainer_bytes}[state]
         host = 0 if state == "sampler" else nbytes
+        loaded = costs.ref_bytes if state == "sampler" else nbytes  # the weights alone
         for w in workers:
-            w.add_state(job.state_id(state), job.name, nbytes, host)
+            w.add_state(job.state_id(state), job.name, nbytes, host, loaded, read_only=state != "trainer")
         job.workers[state] = workers
 
     def costs_for(self, job: Job):

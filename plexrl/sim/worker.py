@@ -23,13 +23,19 @@ DEVICE, HOST, DISK = Tier.DEVICE, Tier.HOST, Tier.DISK
 
 
 class Resident:
-    """Where one state shard lives on this worker."""
+    """Where one state shard lives on this worker. `loaded_nbytes` of its `nbytes` are copied in
+    by a load (a sampler's KV reserve is allocated, not copied); a `read_only` state's host copy
+    is always current, so an offload copies nothing out (as the runtime lets a clean copy go)."""
 
-    __slots__ = ("state_id", "job", "nbytes", "host_nbytes", "tier", "offset", "last_used")
+    __slots__ = ("state_id", "job", "nbytes", "host_nbytes", "loaded_nbytes", "read_only", "tier", "offset",
+                 "last_used")
 
-    def __init__(self, state_id: str, job: str, nbytes: int, host_nbytes: int | None = None):
+    def __init__(self, state_id: str, job: str, nbytes: int, host_nbytes: int | None = None,
+                 loaded_nbytes: int | None = None, read_only: bool = False):
         self.state_id, self.job, self.nbytes = state_id, job, nbytes
         self.host_nbytes = nbytes if host_nbytes is None else host_nbytes  # its own host buffer
+        self.loaded_nbytes = nbytes if loaded_nbytes is None else loaded_nbytes
+        self.read_only = read_only
         self.tier, self.offset, self.last_used = HOST, None, 0.0
 
 
@@ -78,15 +84,17 @@ class SimWorker:
         self.bandwidth = BandwidthEstimator(prior_bytes_per_s=self.link_bytes_per_s)
 
     # --- states -------------------------------------------------------------------------
-    def add_state(self, state_id: str, job: str, nbytes: int, host_nbytes: int | None = None) -> None:
+    def add_state(self, state_id: str, job: str, nbytes: int, host_nbytes: int | None = None,
+                  loaded_nbytes: int | None = None, read_only: bool = False) -> None:
         """`host_nbytes`: its own host buffer (default `nbytes`; 0 for a state whose host copy
-        is another state's, as a sampler's weights are its trainer's)."""
+        is another state's, as a sampler's weights are its trainer's); `loaded_nbytes` and
+        `read_only`: what its loads and offloads copy (`Resident`)."""
         if nbytes > self.arena_bytes:
             raise ValueError(
                 f"state {state_id} needs {nbytes / 1e9:.1f} GB per GPU but a GPU's arena holds "
                 f"{self.arena_bytes / 1e9:.1f} GB; raise tp or dp"
             )
-        self.states[state_id] = Resident(state_id, job, nbytes, host_nbytes)
+        self.states[state_id] = Resident(state_id, job, nbytes, host_nbytes, loaded_nbytes, read_only)
 
     def remove_job(self, job: str) -> None:
         for sid in [s for s, r in self.states.items() if r.job == job]:
@@ -105,7 +113,7 @@ class SimWorker:
 
     # --- estimates for the priority -------------------------------------------------------
     def load_estimate_s(self, state_id: str) -> float:
-        return self.bandwidth.seconds("load", self.states[state_id].nbytes)
+        return self.bandwidth.seconds("load", self.states[state_id].loaded_nbytes)
 
     def free_bytes(self) -> int:
         """Arena bytes a load can use without offloading anything (T_offload is for the rest)."""
@@ -160,18 +168,23 @@ class SimWorker:
         if kind is TransitionKind.LOAD:
             r.tier, r.offset = DEVICE, offset
             self.used += r.nbytes
-            seconds = r.nbytes / self.link_bytes_per_s
+            moved = r.loaded_nbytes
+            seconds = moved / self.link_bytes_per_s
         elif kind is TransitionKind.OFFLOAD:
             r.tier, r.offset = HOST, None
             self.used -= r.nbytes
-            seconds = r.nbytes / self.link_bytes_per_s
+            moved = 0 if r.read_only else r.nbytes
+            seconds = moved / self.link_bytes_per_s
         elif kind is TransitionKind.SPILL:
             r.tier = DISK
-            seconds = r.host_nbytes / self.disk_bytes_per_s
+            moved = r.host_nbytes
+            seconds = moved / self.disk_bytes_per_s
         elif kind is TransitionKind.RESTORE:
             r.tier = HOST
-            seconds = r.host_nbytes / self.disk_bytes_per_s
+            moved = r.host_nbytes
+            seconds = moved / self.disk_bytes_per_s
         else:
             raise ValueError(f"transition kind {kind} is not applied by the simulator")
-        self.bandwidth.observe(KIND_NAME[kind], r.nbytes, seconds)
-        return Move(kind, state_id, r.nbytes, seconds)
+        if moved:
+            self.bandwidth.observe(KIND_NAME[kind], moved, seconds)
+        return Move(kind, state_id, moved, seconds)
