@@ -44,11 +44,27 @@ def test_every_pair_shares_one_group_and_the_error_is_their_mean():
     assert out["skipped"] == ["half-node: 4 GPUs is not whole nodes of 8"]
 
 
+def test_the_pinned_mode_realises_the_same_pairs_with_pinned_rollouts():
+    """`--mode plexrl-pinned`: the model's predictions are the same, the realised slowdowns those
+    of rollouts dealt to every replica (two code-7b jobs: 5-7% pinned, 0-3% elastic)."""
+    workload = two_classes()
+    cluster = load_cluster(workload.cluster)
+    elastic, pinned = (cotenancy(workload, cluster, tenants=2, mode=m) for m in ("plexrl", "plexrl-pinned"))
+    assert (elastic["mode"], pinned["mode"]) == ("plexrl", "plexrl-pinned")
+    for a, b in zip(elastic["combinations"], pinned["combinations"]):
+        assert [r["predicted"] for r in a["jobs"]] == [r["predicted"] for r in b["jobs"]]
+    code = lambda out: [r["realised"] for r in out["combinations"][2]["jobs"]]
+    assert max(code(elastic)) < min(code(pinned))
+
+
 def test_fewer_than_two_tenants_or_an_unknown_workload_is_a_clear_error(capsys):
     workload = load_workload("crowded-256")
     with pytest.raises(ValueError, match="--tenants 1: expected at least 2"):
         cotenancy(workload, load_cluster(workload.cluster), tenants=1)
+    with pytest.raises(ValueError, match="--mode 'colocated': expected one of the PlexRL modes"):
+        cotenancy(workload, load_cluster(workload.cluster), tenants=2, mode="colocated")
     for argv, says in ((["--tenants", "1"], "--tenants 1: expected at least 2"),
+                       (["--mode", "split"], "--mode 'split': expected one of the PlexRL modes"),
                        (["nosuch"], "workload 'nosuch' is neither a file nor a shipped workload")):
         with pytest.raises(SystemExit) as exit_:
             main(["bench", "cotenancy", *argv])

@@ -1,4 +1,4 @@
-"""`plexrl bench cotenancy [WORKLOAD] [--tenants K] [--json]`: the placer's co-tenancy model
+"""`plexrl bench cotenancy [WORKLOAD] [--tenants K] [--mode M] [--json]`: the placer's co-tenancy model
 against the simulator, one combination of job classes at a time.
 
 For every multiset of 2..K of the workload's job classes (classes of one size only: those that
@@ -25,12 +25,13 @@ from plexrl.bench.common import emit
 from plexrl.errors import ConfigError
 from plexrl.sim.latency import job_costs
 from plexrl.sim.profiles import job_profile
-from plexrl.sim.simulate import simulate
+from plexrl.sim.simulate import MODES, simulate
 from plexrl.sim.workload import Cluster, Job, Workload, load_cluster, load_workload
 
 NEVER_REFUSED = 1e3  # slack of every job: the placer co-places whatever fits in memory
 PERIODS = 25  # the horizon, in solo steps of the combination's slowest job
-MODE = "plexrl"
+MODE = "plexrl"  # the default; `--mode plexrl-pinned` realises the same with rollouts pinned to their replicas
+PLEXRL_MODES = tuple(m for m in MODES if m.startswith("plexrl"))
 _SET_HERE = {"name", "count", "arrival_s", "arrival_every_s", "slack", "steps"}
 
 
@@ -58,15 +59,16 @@ def one_group(cluster: Cluster, gpus: int) -> Cluster:
                                       "group_nodes": nodes})
 
 
-def run_combination(workload: Workload, cluster: Cluster, combo: tuple[Job, ...]) -> dict:
-    """The jobs of `combo` alone on one node group: per job, predicted and realised inflation."""
+def run_combination(workload: Workload, cluster: Cluster, combo: tuple[Job, ...], mode: str = MODE) -> dict:
+    """The jobs of `combo` alone on one node group in PlexRL mode `mode`: per job, predicted and
+    realised inflation."""
     jobs = [spec.model_copy(update={"name": f"{spec.name}.{i}", "count": 1, "arrival_s": float(i),
                                     "arrival_every_s": 0.0, "slack": NEVER_REFUSED, "steps": 10**6})
             for i, spec in enumerate(combo)]
     slowest = max(job_profile(j, job_costs(j, cluster), workload.seed, 0).period_s for j in jobs)
     sim = Workload(name="+".join(j.name for j in combo), seed=workload.seed, cluster=cluster.name,
                    horizon_s=PERIODS * slowest, jobs=jobs, pack_limit=None)  # no limit: each job's slack
-    out = simulate(sim, cluster, modes=(MODE,))["results"][MODE]["jobs"]
+    out = simulate(sim, cluster, modes=(mode,))["results"][mode]["jobs"]
     rows = [{"job": j.name, "class": spec.name, "shared": bool(out[j.name]["shared"]),
              "predicted": out[j.name]["inflation_predicted"], "realised": out[j.name]["inflation_realised"]}
             for j, spec in zip(jobs, combo)]
@@ -74,23 +76,25 @@ def run_combination(workload: Workload, cluster: Cluster, combo: tuple[Job, ...]
             "co_placed": all(r["shared"] and r["predicted"] is not None for r in rows)}
 
 
-def cotenancy(workload: Workload, cluster: Cluster, tenants: int = 3) -> dict:
+def cotenancy(workload: Workload, cluster: Cluster, tenants: int = 3, mode: str = MODE) -> dict:
     if tenants < 2:
         raise ValueError(f"--tenants {tenants}: expected at least 2 (a job alone has nobody to share with)")
+    if mode not in PLEXRL_MODES:
+        raise ValueError(f"--mode {mode!r}: expected one of the PlexRL modes {list(PLEXRL_MODES)}")
     sizes, skipped = classes_by_size(workload, cluster)
     combinations = []
     for gpus, classes in sorted(sizes.items()):
         group = one_group(cluster, gpus)
         for k in range(2, tenants + 1):
             for combo in itertools.combinations_with_replacement(classes, k):
-                combinations.append(run_combination(workload, group, combo))
+                combinations.append(run_combination(workload, group, combo, mode))
     errors: dict[int, list[float]] = defaultdict(list)
     for c in combinations:
         if c["co_placed"]:
             errors[c["tenants"]] += [abs(r["predicted"] - r["realised"]) for r in c["jobs"]]
     every = [e for errs in errors.values() for e in errs]
     return {
-        "workload": workload.name, "cluster": cluster.name, "mode": MODE,
+        "workload": workload.name, "cluster": cluster.name, "mode": mode,
         "combinations": combinations, "skipped": skipped,
         "not_co_placed": [c["combination"] for c in combinations if not c["co_placed"]],
         "mae": float(np.mean(every)) if every else None,
@@ -104,11 +108,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("workload", nargs="?", default="crowded-256", help="shipped name or YAML path")
     parser.add_argument("--cluster", help="cluster YAML or shipped name (default: the workload's)")
     parser.add_argument("--tenants", type=int, default=3, help="largest number of jobs sharing devices")
+    parser.add_argument("--mode", default=MODE, help=f"the PlexRL mode that realises them (default {MODE}; "
+                        "plexrl-pinned: rollouts pinned to their replicas)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     try:
         workload = load_workload(args.workload)
-        result = cotenancy(workload, load_cluster(args.cluster or workload.cluster), args.tenants)
+        result = cotenancy(workload, load_cluster(args.cluster or workload.cluster), args.tenants, args.mode)
     except (ConfigError, ValueError) as exc:
         parser.error(str(exc))
     emit("co-tenancy", result, args.json, _print_table)
@@ -119,7 +125,8 @@ def _print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"co-tenancy model vs simulator: {result['workload']} job classes, one node group each")
+    table = Table(title=f"co-tenancy model vs simulator ({result['mode']}): {result['workload']} job classes, "
+                        "one node group each")
     for column in ("jobs sharing devices", "job", "predicted", "realised", "error"):
         table.add_column(column, justify="left" if column in ("jobs sharing devices", "job") else "right")
     for c in result["combinations"]:
