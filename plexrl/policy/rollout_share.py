@@ -48,13 +48,18 @@ def share_replicas(wants: Sequence[int], usable: Sequence[Sequence[Unit]],
 def _alone(want: int, usable: Sequence[Unit], held: Sequence[Unit]) -> tuple[Unit, ...]:
     """One rollout's share: the units it holds first, then the lowest, while they fit."""
     keep = set(held)
-    taken: set[int] = set()
     share: list[Unit] = []
-    for unit in sorted(usable, key=lambda u: (u not in keep, u)):
-        if len(share) < want and taken.isdisjoint(unit):
+    _take(share, sorted(usable, key=lambda u: (u not in keep, u)), want, set())
+    return tuple(sorted(share))
+
+
+def _take(share: list[Unit], candidates, limit: int, taken: set[int]) -> None:
+    """Append to `share` each of `candidates` in order that shares no device with `taken` (which
+    it joins), until `share` holds `limit` units."""
+    for unit in candidates:
+        if len(share) < limit and taken.isdisjoint(unit):
             share.append(unit)
             taken.update(unit)
-    return tuple(sorted(share))
 
 
 def _round_robin(wants, usable, held) -> list[tuple[Unit, ...]]:
@@ -85,10 +90,7 @@ def _topped_up(shares, wants, usable) -> list[tuple[Unit, ...]]:
     out = []
     for share, want, mine in zip(shares, wants, usable):
         share = list(share)
-        for unit in sorted(mine):
-            if len(share) < want and taken.isdisjoint(unit):
-                share.append(unit)
-                taken.update(unit)
+        _take(share, sorted(mine), want, taken)
         out.append(tuple(sorted(share)))
     return out
 
@@ -101,15 +103,9 @@ def _keeping(counted, usable, held) -> list[tuple[Unit, ...]] | None:
     taken: set[int] = set()
     shares: list[list[Unit]] = [[] for _ in counted]
     for i, count in enumerate(map(len, counted)):
-        for unit in sorted(held[i]):
-            if len(shares[i]) < count and unit in usable[i] and taken.isdisjoint(unit):
-                shares[i].append(unit)
-                taken.update(unit)
+        _take(shares[i], sorted(u for u in held[i] if u in usable[i]), count, taken)
     for i, count in enumerate(map(len, counted)):
-        for unit in sorted(usable[i]):
-            if len(shares[i]) < count and taken.isdisjoint(unit):
-                shares[i].append(unit)
-                taken.update(unit)
+        _take(shares[i], sorted(usable[i]), count, taken)
         if len(shares[i]) < count:
             return None
     return [tuple(sorted(share)) for share in shares]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plexrl.sim.latency import TAIL_REPLICAS, JobCosts
+from plexrl.sim.latency import TAIL_REPLICAS, JobCosts, tail_cut
 
 
 class Decode:
@@ -102,25 +102,20 @@ class Rollout:
     workers). `solo_s` is what the turn takes pinned to all of them, alone: what its delay in
     the step is measured against."""
 
-    __slots__ = ("job", "sid", "units", "keys", "decode", "k", "cut", "started", "solo_s", "segment",
-                 "kv_units", "prompt_tokens", "prefill_token_s")
+    __slots__ = ("job", "sid", "units", "keys", "decode", "k", "cut", "started", "solo_s", "segment", "kv_units")
 
     def __init__(self, job, sid: str, units: list[tuple], decode: Decode, started: float, solo_s: float):
-        costs = job.costs
         self.job, self.sid, self.units = job, sid, units
         self.keys = [tuple(w.wid for w in unit) for unit in units]  # each unit as `policy.share_replicas` names it
         self.decode = decode
         self.k = 0.0
-        capacity = costs.tail_batch * TAIL_REPLICAS
-        n = self.decode.count
-        # the consolidation cut: past it at most `capacity` responses are live (None: never reached
-        # with more replicas than the tail takes, as `latency.consolidated_shards`)
-        self.cut = float(self.decode.lengths[n - capacity - 1]) if len(units) > TAIL_REPLICAS and n > capacity else None
+        # the consolidation cut of the pinned rollout (`latency.consolidated_shards`): None when its
+        # replicas are no more than the tail takes or its responses fit the tail
+        self.cut = (tail_cut(decode.lengths, job.costs.tail_batch * TAIL_REPLICAS)
+                    if len(units) > TAIL_REPLICAS else None)
         self.started, self.solo_s = started, solo_s
         self.segment: Segment | None = None
         self.kv_units: tuple = ()  # the units its live responses were last spread over
-        self.prompt_tokens = job.spec.rollout.prompt_tokens
-        self.prefill_token_s = costs.prefill_token_s
 
     @property
     def done(self) -> bool:
@@ -138,6 +133,11 @@ class Rollout:
             return self.cut
         return self.decode.last
 
+    def segment_end(self, start: float, switch_s: float, moving_s: float, replicas: int) -> tuple[float, float]:
+        """(the step a segment starting at `start` decodes to, when it gets there)."""
+        k_end = self.target()
+        return k_end, start + switch_s + moving_s + self.decode.seconds(self.k, k_end, replicas)
+
     def moving_s(self, units: tuple, kept: tuple) -> float:
         """Seconds to move its live responses onto `units` (spread evenly), the ones on `kept`
         (units of its last spread whose sampler still holds their KV cache) staying put."""
@@ -146,11 +146,5 @@ class Rollout:
         n = self.decode.live(self.k)
         stay = min(n / len(self.kv_units), n / len(units)) * len(kept)
         moved = max(0.0, n - stay)
-        return self.prefill_token_s * (self.prompt_tokens + self.k) * moved / len(units)
-
-
-def segment_end(rollout: Rollout, start: float, switch_s: float, moving_s: float, replicas: int) -> tuple[float, float]:
-    """(the step the segment decodes to, when it gets there) for a segment starting now."""
-    k_end = rollout.target()
-    return k_end, start + switch_s + moving_s + rollout.decode.seconds(rollout.k, k_end, replicas)
-
+        prompt = self.job.spec.rollout.prompt_tokens
+        return self.job.costs.prefill_token_s * (prompt + self.k) * moved / len(units)

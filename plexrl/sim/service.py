@@ -46,7 +46,7 @@ from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
 from plexrl.sim.phases import Phase, StepPlans, part_lengths, solo_step_s
-from plexrl.sim.rollout import Decode, Rollout, Segment, segment_end
+from plexrl.sim.rollout import Decode, Rollout, Segment
 from plexrl.sim.worker import KIND_NAME, Request, SimWorker
 from plexrl.sim.workload import Job
 
@@ -412,7 +412,7 @@ class Service:
                 for w in unit:
                     self.ledger.charge_transition(job.name, w.wid, "gang_wait", 0, switch_s - unit_s)
         moving_s = rollout.moving_s(units, kept)
-        k_end, end = segment_end(rollout, now, switch_s, moving_s, len(units))
+        k_end, end = rollout.segment_end(now, switch_s, moving_s, len(units))
         token = self._segments
         self._segments += 1
         rollout.segment = Segment(units, now, switch_s, moving_s, rollout.k, k_end, end, token)
