@@ -1,5 +1,6 @@
 """`plexrl demo --quick --json`: one run, the JSON the issue asks for, and the files it writes;
-a short `--jobs 4` run (more jobs than devices); the exclusive schedule and the job list, pure.
+a short `--jobs 4` run (more jobs than devices); the exclusive schedule computed and the job
+list, pure; the exclusive schedule run.
 
 The warm-started models come from the user's cache (built on the first run, like `make demo`).
 """
@@ -55,6 +56,7 @@ def test_json_has_the_final_table(demo):
     summary, _ = demo
     for key in ("jobs", "cost_reduction", "identical_rewards", "makespan_mux_s", "makespan_sequential_s", "switches",
                 "makespan_exclusive_s", "makespan_mux_vs_exclusive", "exclusive_schedule", "device_s_held_mux",
+                "makespan_exclusive_computed_s", "makespan_mux_vs_exclusive_computed", "exclusive_schedule_computed",
                 "device_s_held_exclusive", "device_s_held_exclusive_jobs", "makespan_exclusive_longest_first_s",
                 "host_cpu_s_mux"):
         assert key in summary
@@ -67,18 +69,40 @@ def test_json_has_the_final_table(demo):
 
 
 @pytest.mark.slow
-def test_exclusive_baseline_is_built_from_the_dedicated_runs(demo):
+def test_exclusive_baseline_is_run_on_the_same_devices(demo):
+    """The exclusive schedule is run: each job holds one device from its start to its end, a
+    device runs one job at a time, jobs start in arrival order, and a device takes the next job
+    as soon as its last one ends (list scheduling); its rewards are the dedicated ones."""
     summary, _ = demo
-    walls = [job["reserved_device_s"] for job in summary["jobs"]]
-    assert summary["exclusive_schedule"] == exclusive_schedule(
-        [(job["name"], job["reserved_device_s"]) for job in summary["jobs"]], MUX_DEVICES)
-    assert summary["makespan_exclusive_s"] == max(row["end_s"] for row in summary["exclusive_schedule"])
-    assert max(walls) <= summary["makespan_exclusive_s"] <= summary["makespan_sequential_s"] == pytest.approx(sum(walls))
-    assert max(walls) <= summary["makespan_exclusive_longest_first_s"] <= summary["makespan_sequential_s"]
+    rows = summary["exclusive_schedule"]
+    assert [row["name"] for row in rows] == [job["name"] for job in summary["jobs"]]
+    assert sorted({row["device"] for row in rows}) == list(range(MUX_DEVICES))  # three jobs: both devices used
+    starts = [row["start_s"] for row in rows]
+    assert starts == sorted(starts) and all(row["start_s"] < row["end_s"] for row in rows)
+    for device in range(MUX_DEVICES):
+        runs = sorted((row["start_s"], row["end_s"]) for row in rows if row["device"] == device)
+        assert runs[0][0] < 0.5  # every device starts a job at once (more jobs than devices)
+        for (_, end), (start, _) in zip(runs, runs[1:]):
+            assert end <= start < end + 0.5  # one at a time, the next taken as the last one ends
+    assert summary["makespan_exclusive_s"] == max(row["end_s"] for row in rows)
     assert summary["makespan_mux_vs_exclusive"] == pytest.approx(summary["makespan_mux_s"] / summary["makespan_exclusive_s"])
     assert summary["device_s_held_mux"] == pytest.approx(MUX_DEVICES * summary["makespan_mux_s"])
     assert summary["device_s_held_exclusive"] == pytest.approx(MUX_DEVICES * summary["makespan_exclusive_s"])
-    assert summary["device_s_held_exclusive_jobs"] == pytest.approx(sum(walls))
+    assert summary["device_s_held_exclusive_jobs"] == pytest.approx(sum(r["end_s"] - r["start_s"] for r in rows))
+    assert all(job["step_s_exclusive"] > 0 for job in summary["jobs"])
+
+
+@pytest.mark.slow
+def test_the_exclusive_schedule_computed_from_the_dedicated_runs_is_reported_too(demo):
+    summary, _ = demo
+    walls = [job["reserved_device_s"] for job in summary["jobs"]]
+    computed = summary["exclusive_schedule_computed"]
+    assert computed == exclusive_schedule([(job["name"], job["reserved_device_s"]) for job in summary["jobs"]], MUX_DEVICES)
+    assert summary["makespan_exclusive_computed_s"] == max(row["end_s"] for row in computed)
+    assert max(walls) <= summary["makespan_exclusive_computed_s"] <= summary["makespan_sequential_s"] == pytest.approx(sum(walls))
+    assert max(walls) <= summary["makespan_exclusive_longest_first_s"] <= summary["makespan_sequential_s"]
+    assert summary["makespan_mux_vs_exclusive_computed"] == pytest.approx(
+        summary["makespan_mux_s"] / summary["makespan_exclusive_computed_s"])
 
 
 @pytest.mark.slow

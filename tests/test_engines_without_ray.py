@@ -4,9 +4,13 @@ children running runtime/device_worker.py), and every engine's settings are one 
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from plexrl import errors
+from plexrl.engines.process import ProcessCluster
 from plexrl.runtime.config import ClusterConfig
 from tests.helpers import run_with_blocked_imports
 
@@ -57,3 +61,23 @@ def test_devices_split_over_nodes():
         ClusterConfig.of(3, nodes=2)
     with pytest.raises(errors.ConfigError, match="give devices or devices_per_node"):
         ClusterConfig.of(3, nodes=1, devices_per_node=2)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
+def test_process_devices_are_pinned_from_first_device_on(micro_model):
+    """Two one-device clusters side by side (`plexrl demo`'s exclusive schedule) compute on
+    different cores: device d of a cluster given `first_device=k` takes the machine's (k + d)-th."""
+    cores = sorted(os.sched_getaffinity(0))
+    for first in (0, 1):
+        with ProcessCluster(devices=1, first_device=first, device_memory_bytes=16 << 20,
+                            host_memory_bytes=64 << 20) as cluster:
+            pid, deadline = cluster.workers[0]._process.pid, time.monotonic() + 30
+            while os.sched_getaffinity(pid) != {cores[first % len(cores)]} and time.monotonic() < deadline:
+                time.sleep(0.05)  # the child pins itself as it starts
+            assert os.sched_getaffinity(pid) == {cores[first % len(cores)]}
+
+
+@pytest.mark.parametrize("first_device", [-1, 1.5, True, "1"])
+def test_a_bad_first_device_is_named(first_device):
+    with pytest.raises(errors.ConfigError, match="first_device"):
+        ProcessCluster(devices=1, first_device=first_device)

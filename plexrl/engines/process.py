@@ -29,11 +29,22 @@ class ProcessCluster(LocalCluster):
 
     engine = "process"
 
+    def __init__(self, devices: int | None = None, nodes: int = 1, devices_per_node: int | None = None,
+                 name: str | None = None, first_device: int = 0, **settings):
+        """`first_device`: the machine's devices (cores, GPUs) this cluster's devices take, from
+        that one on, round robin; two clusters given different ones compute side by side."""
+        if isinstance(first_device, bool) or not isinstance(first_device, int) or first_device < 0:
+            from plexrl.errors import ConfigError
+
+            raise ConfigError(f"first_device={first_device!r}; expected a whole number >= 0 (a device of this machine)")
+        self._first_device = first_device
+        super().__init__(devices, nodes, devices_per_node, name, **settings)
+
     def _host_worker(self, node_id, name: str, args: tuple):
-        """On CUDA, device d's process sees one GPU (`gpu_for(d)`) as cuda:0. On CPU it is pinned
-        to one core (d-th of this process's, round robin): a CPU "device" computes on its own core,
-        as a GPU does, instead of migrating between cores."""
-        device, torch_device = args[0], args[3]
+        """On CUDA, device d's process sees one GPU (`gpu_for(first_device + d)`) as cuda:0. On CPU
+        it is pinned to one core (the (first_device + d)-th of this process's, round robin): a CPU
+        "device" computes on its own core, as a GPU does, instead of migrating between cores."""
+        device, torch_device = self._first_device + args[0], args[3]
         if torch_device.startswith("cuda"):
             return ProcessActor(DeviceWorker, args, name, env={"CUDA_VISIBLE_DEVICES": gpu_for(device)})
         if not hasattr(os, "sched_getaffinity"):  # not Linux: leave placement to the OS
