@@ -26,13 +26,14 @@ import socket
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
 
 from plexrl.runtime.remote import Done, WorkerGone
+from plexrl.runtime.threads import ServicePool
 
 
 class _Method:
@@ -50,7 +51,7 @@ class ThreadActor:
 
     def __init__(self, obj: Any, max_concurrency: int, name: str):
         self.target = obj  # in this process: callers may also use it directly
-        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix=name)
+        self._pool = ServicePool(max_concurrency, name)  # its threads at the builder's priority, not a caller's
 
     def __getattr__(self, name: str) -> _Method:
         if name.startswith("_"):

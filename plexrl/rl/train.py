@@ -39,7 +39,7 @@ def controllers(count: int) -> ThreadPoolExecutor:
 
 
 def _lower_priority() -> None:
-    if hasattr(os, "nice"):  # Linux: per thread, so the scheduler's and the sampler's threads keep theirs
+    if hasattr(os, "nice"):  # Linux: per thread; the runtime's threads keep theirs (runtime/threads.py)
         os.nice(CONTROLLER_NICE)
 
 

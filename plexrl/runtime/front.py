@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from plexrl.runtime.host_buffers import WRITEBACK_FLAGS, node_folder
 from plexrl.runtime.job_placer import provisional_profile
 from plexrl.runtime.node import Call, Synced
 from plexrl.runtime.recovery import NodeRecovery
+from plexrl.runtime.threads import ServicePool
 from plexrl.runtime.state_manager import BesideStates, check_budgets
 
 
@@ -113,7 +113,7 @@ class Front(NodeRecovery):
         self._base_sizes: dict[str, int] = {}
         self._seq: dict[tuple[str, int], int] = defaultdict(int)  # (model, group) -> next call number
         self._lost_seen: set[int] = set()  # lost groups this front has heard of
-        self._bookkeeping = ThreadPoolExecutor(2, thread_name_prefix=f"plexrl-front{self.front}")
+        self._bookkeeping = ServicePool(2, f"plexrl-front{self.front}")
         self._ids = itertools.count(self.front * 1_000_000_000 + 1)  # request ids unique across fronts
         self._lock = threading.Lock()
         self._closed = False

@@ -19,7 +19,6 @@ completed or failed exactly once, also when the cluster closes (its future gets 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,6 +28,7 @@ from plexrl.policy import GroupQueue, Head, LoadPlan, NoFit, Policy, StepClock, 
 from plexrl.runtime.functions import FUNCTIONS, Function
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
+from plexrl.runtime.threads import ServicePool
 
 _RETRY_S = 0.002  # re-check period while every candidate waits on a state in transit
 
@@ -80,7 +80,7 @@ class GroupScheduler:
         self._queue: GroupQueue[Request] = GroupQueue()
         self._idle: set[int] = set()  # devices whose dispatcher waits in next_for (affinity, see policy.choose)
         self._held: set[int] = set()  # devices given nothing to run while the node resizes their arenas
-        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix=f"plexrl-io-g{group}")
+        self._io = ServicePool(io_threads, f"plexrl-io-g{group}")
         self._slack: dict[str, _JobSlack] = {}  # job -> its calls here and its slack in the current step
         self._closed = False
         self._prefetch = prefetch
