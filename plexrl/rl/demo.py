@@ -4,7 +4,8 @@
 2) dedicated: each job alone on a 1-device cluster, one after another (the colocated pattern:
    the job reserves its device for its whole wall time): each job's step times and rewards alone;
    from these runs also comes the exclusive schedule computed (each run had the machine's other
-   core for its controller, so that baseline is flattered, never us);
+   core for its controller, which flatters that baseline; but it ran at another time, which on
+   a shared machine moves its figures as much);
 3) exclusive, run: the same 2 devices, each job holding one of them (a 1-device cluster each)
    for its whole run, jobs taking the first free device in arrival order (list scheduling); its
    jobs compete for the host's cores as the multiplexed ones do, so the two schedules are
@@ -223,7 +224,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
     (`policy.waited_s`), dedicated and multiplexed."""
     jobs = [job_row(spec, *dedicated[spec.name], mux[spec.name], metrics["jobs"].get(spec.name, {}),
                     metrics["placement"].get(spec.name, {}), waits[spec.name]) for spec in specs]
-    for job, (row, result) in zip(jobs, exclusive_run, strict=True):
+    for job, (_, result) in zip(jobs, exclusive_run, strict=True):
         job["identical_rewards"] = job["identical_rewards"] and result.rewards == job["rewards_dedicated"]
         job["step_s_exclusive"] = mean(result.step_s)
     predicted = [j for j in jobs if j["inflation_predicted"] is not None]
@@ -255,7 +256,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
         "makespan_mux_s": metrics["makespan_s"],
         "makespan_exclusive_s": makespan_exclusive,  # run
         "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
-        # computed from the dedicated runs (each had the other core for its controller: flattered)
+        # computed from the dedicated runs (each had the other core for its controller, at another time)
         "makespan_exclusive_computed_s": makespan_computed,
         "makespan_mux_vs_exclusive_computed": metrics["makespan_s"] / makespan_computed,
         "makespan_exclusive_longest_first_s": makespan_longest_first,
