@@ -21,6 +21,7 @@ import os
 
 from plexrl.engines.hosting import ProcessActor
 from plexrl.engines.local import LocalCluster
+from plexrl.errors import ConfigError
 from plexrl.runtime.device_worker import DeviceWorker
 
 
@@ -34,8 +35,6 @@ class ProcessCluster(LocalCluster):
         """`first_device`: the machine's devices (cores, GPUs) this cluster's devices take, from
         that one on, round robin; two clusters given different ones compute side by side."""
         if isinstance(first_device, bool) or not isinstance(first_device, int) or first_device < 0:
-            from plexrl.errors import ConfigError
-
             raise ConfigError(f"first_device={first_device!r}; expected a whole number >= 0 (a device of this machine)")
         self._first_device = first_device
         super().__init__(devices, nodes, devices_per_node, name, **settings)

@@ -222,11 +222,9 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
     """`exclusive_run`: per job (in `specs` order), its row of the exclusive schedule run and its
     result there; `waits`: per job, the seconds it waited for a device held by others
     (`policy.waited_s`), dedicated and multiplexed."""
-    jobs = [job_row(spec, *dedicated[spec.name], mux[spec.name], metrics["jobs"].get(spec.name, {}),
-                    metrics["placement"].get(spec.name, {}), waits[spec.name]) for spec in specs]
-    for job, (_, result) in zip(jobs, exclusive_run, strict=True):
-        job["identical_rewards"] = job["identical_rewards"] and result.rewards == job["rewards_dedicated"]
-        job["step_s_exclusive"] = mean(result.step_s)
+    jobs = [job_row(spec, *dedicated[spec.name], in_exclusive, mux[spec.name], metrics["jobs"].get(spec.name, {}),
+                    metrics["placement"].get(spec.name, {}), waits[spec.name])
+            for spec, (_, in_exclusive) in zip(specs, exclusive_run, strict=True)]
     predicted = [j for j in jobs if j["inflation_predicted"] is not None]
     consumed = sum(j["consumed_device_s"] for j in jobs)
     reserved = sum(j["reserved_device_s"] for j in jobs)
@@ -301,8 +299,8 @@ def exclusive_schedule(durations: list[tuple[str, float]], devices: int) -> list
     return rows
 
 
-def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: JobResult, usage: dict,
-            placed: dict, waits: tuple[float, float]) -> dict:
+def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, exclusive: JobResult, mux: JobResult,
+            usage: dict, placed: dict, waits: tuple[float, float]) -> dict:
     window = max(1, spec.steps // 4)  # single steps are noisy: compare the first and last quarter
     slowed = slowdown(mux.step_s, dedicated.step_s)
     # the part of the slowdown that is waiting for devices held by other jobs; the rest is its calls
@@ -312,9 +310,10 @@ def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, mux: J
         "name": spec.name, "algorithm": spec.algorithm, "task": spec.task, "steps": spec.steps,
         "reward_first": mean(mux.rewards[:window]), "reward_last": mean(mux.rewards[-window:]),
         "reward_window_steps": window,
-        "identical_rewards": mux.rewards == dedicated.rewards,
+        "identical_rewards": mux.rewards == dedicated.rewards == exclusive.rewards,
         "rewards_mux": mux.rewards, "rewards_dedicated": dedicated.rewards,
         "step_s_mux": mean(mux.step_s), "step_s_dedicated": mean(dedicated.step_s),
+        "step_s_exclusive": mean(exclusive.step_s),
         # its SLO: the mean step multiplexed against alone, minus 1, and whether that stays within its slack
         "slack": spec.slack, "slowdown": slowed, "within_slack": slowed <= spec.slack,
         "slowdown_waiting": waiting, "slowdown_other": slowed - waiting,

@@ -13,7 +13,6 @@ is built: they get the builder's priority (the cluster's constructor), whoever s
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 from concurrent.futures import Future
@@ -34,7 +33,6 @@ class ServicePool:
         self._idle = 0  # threads waiting for work
         self._wanted = 0  # threads asked of the spawner, not yet started
         self._closed = False
-        self._numbers = itertools.count()
         self._grow = threading.Condition(self._lock)
         self._spawner = threading.Thread(target=self._spawn, name=f"{name}-spawner", daemon=True)
         self._spawner.start()
@@ -85,7 +83,7 @@ class ServicePool:
                 if not self._wanted:  # closed, and every thread asked for started: work queued runs
                     return
                 self._wanted -= 1
-                thread = threading.Thread(target=self._serve, name=f"{self._name}_{next(self._numbers)}", daemon=True)
+                thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
             thread.start()  # on this thread: the new one inherits the builder's priority
 
