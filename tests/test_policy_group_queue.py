@@ -81,6 +81,14 @@ CASES = {
     "take_retired returns the token and unmarks": (
         [("retire", "b", "token"), ("take_retired", "b")],
         {"returns": [None, "token"], "drained": {"a": False, "b": False}}),
+    "take_next hands over the item behind a running head": (
+        [("push", "a", "a1"), ("push", "a", "a2"), ("push", "a", "a3"), ("ready", "a"), ("dispatch", "a"),
+         ("next", "a"), ("take_next", "a"), ("push", "b", "a2")],
+        {"returns": ["a1", None, None, None, "a1", "a2", "a2", "a2"], "pending": {"a": 2, "b": 1},
+         "items": [("a", "a1", True), ("a", "a3", False), ("b", "a2", False)]}),
+    "next of a lone head is None": (
+        [("push", "a", "a1"), ("next", "a"), ("next", "b")],
+        {"returns": ["a1", None, None]}),
     "close lists every item once, in-flight heads marked": (
         [("push", "a", "a1"), ("push", "a", "a2"), ("push", "b", "b1"), ("ready", "a"), ("dispatch", "a"),
          ("ready", "b"), ("push", "b", "b2")],
@@ -103,6 +111,13 @@ MISUSE = {
     "make_ready twice": [("push", "a", "a1"), ("ready", "a"), ("ready", "a")],
     "start of an empty state": [("start", "a")],
 }
+
+
+def test_take_next_of_a_lone_head_names_the_state():
+    q = GroupQueue()
+    q.push("a", "a1")
+    with pytest.raises(RuntimeError, match="'a' has no item behind its head"):
+        q.take_next("a")
 
 
 @pytest.mark.parametrize("ops", MISUSE.values(), ids=MISUSE.keys())

@@ -61,6 +61,15 @@ def test_disk_state_restores_after_spilling_for_host_room():
     assert kinds(plan) == [("spill", "warm"), ("restore", "cold"), ("load", "cold")]
 
 
+def test_a_state_without_host_bytes_of_its_own_is_never_spilled():
+    """A read replica (host copy: its primary's) frees nothing by spilling: the host room comes
+    from a state that holds host bytes, even one used more recently."""
+    replica = StateInfo("snap#1", "j", 60, 0, Tier.HOST, last_used_s=0.0)
+    states = [st_("cold", 60, Tier.DISK), replica, st_("warm", 60, Tier.HOST, last=5.0)]
+    plan = plan_load(view(states, host_capacity=100), "cold", 0)
+    assert kinds(plan) == [("spill", "warm"), ("restore", "cold"), ("load", "cold")]
+
+
 def test_too_big_for_the_device_names_the_budget():
     plan = plan_load(view([st_("huge", 500)]), "huge", 0)
     assert isinstance(plan, NoFit) and "budget" in plan.reason and "500" in plan.reason

@@ -179,9 +179,10 @@ def micro_cluster_factory(micro_model):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stream=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["fb", "step", "lp", "sample", "sync"])),
                        min_size=5, max_size=25),
-       policy=st.sampled_from(["fcfs", "sjf", "hrrn", "plexrl"]))
-def test_budgets_hold_over_random_request_streams(micro_model, stream, policy):
-    """Random interleavings of several jobs' calls under budgets that force offloads and spills."""
+       policy=st.sampled_from(["fcfs", "sjf", "hrrn", "plexrl"]), read_replicas=st.booleans())
+def test_budgets_hold_over_random_request_streams(micro_model, stream, policy, read_replicas):
+    """Random interleavings of several jobs' calls under budgets that force offloads and spills,
+    with and without read replicas of the snapshots."""
     from plexrl.runtime.state import load_module
 
     numel = sum(p.numel() for p in load_module(micro_model).parameters())
@@ -191,7 +192,7 @@ def test_budgets_hold_over_random_request_streams(micro_model, stream, policy):
     # (a quarter of a trainer each) then only fit by spilling idle states to disk.
     host_budget = 3 * trainer_bytes + trainer_bytes // 4
     with plexrl.LocalCluster(devices=2, device_memory_bytes=device_budget, host_memory_bytes=host_budget,
-                             policy=policy) as c:
+                             policy=policy, read_replicas=read_replicas) as c:
         trainers = [c.service_client(f"job-{i}", admission_timeout=30).create_training_client(
             base_model=micro_model, seed=i) for i in range(3)]
         samplers: dict[int, plexrl.SamplingClient] = {}
@@ -222,12 +223,15 @@ def test_budgets_hold_over_random_request_streams(micro_model, stream, policy):
             elif e["event"] == "start" and e["device"] is not None:
                 assert resident.get(e["model"]) == e["device"], "executed a state not resident on its device"
         # A superseded sampler snapshot goes once its calls drain, even when it was busy (in a
-        # transition) as the sync replaced it: each trainer keeps one snapshot per name.
+        # transition) as the sync replaced it: each trainer keeps one snapshot per name. A read
+        # replica goes with its snapshot.
         versions: dict[str, list[str]] = {}
-        for sid in c.residency():
-            if "@" in sid:
+        residency = c.residency()
+        for sid in residency:
+            if "@" in sid and "#" not in sid:
                 versions.setdefault(sid.rsplit(".v", 1)[0], []).append(sid)
         assert all(len(v) == 1 for v in versions.values()), f"superseded snapshots left: {versions}"
+        assert all(sid.split("#")[0] in residency for sid in residency), "a replica outlived its snapshot"
 
 
 def test_a_snapshot_superseded_while_in_use_is_removed_once_its_call_ends(micro_model):

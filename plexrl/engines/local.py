@@ -26,6 +26,7 @@ class LocalCluster(Front):
     split over `nodes` node groups; `settings` are runtime.config.ClusterConfig's."""
 
     engine = "local"
+    devices_share_a_process = True
 
     def __init__(self, devices: int | None = None, nodes: int = 1, devices_per_node: int | None = None,
                  name: str | None = None, **settings):

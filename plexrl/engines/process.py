@@ -29,6 +29,7 @@ class ProcessCluster(LocalCluster):
     """`ProcessCluster(devices=2, nodes=1, devices_per_node=None, **settings)`, as LocalCluster."""
 
     engine = "process"
+    devices_share_a_process = False
 
     def __init__(self, devices: int | None = None, nodes: int = 1, devices_per_node: int | None = None,
                  name: str | None = None, first_device: int = 0, **settings):

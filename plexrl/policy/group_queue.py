@@ -17,8 +17,11 @@ the `Head` phases:
   finds its state free again and hands it back as PENDING (with fresh figures from the caller);
 - RUNNING: dispatched to a device or started off-device, until `complete` or `fail`.
 A state marked by `retire` is reported `drained` once nothing is queued for it.
+`take_next` hands the item right behind a head to the caller, who queues it on another state
+(the runtime's read replicas: calls of a weights-only state that may run side by side).
 
-Invariants (tests/test_policy_group_queue.py): the items of one state leave in push order; at
+Invariants (tests/test_policy_group_queue.py): the items of one state leave in push order (or
+are taken, by `take_next`, from right behind the head); at
 most one head per state is RUNNING and only a head is ever READY, PARKED or RUNNING; `ready`
 holds exactly the READY heads; every pushed item leaves exactly once (by `complete` or `fail`);
 `items()` lists every queued item exactly once, RUNNING heads marked in flight.
@@ -62,6 +65,11 @@ class GroupQueue(Generic[T]):
     def head(self, state_id: str) -> T | None:
         fifo = self._fifos.get(state_id)
         return fifo[0] if fifo else None
+
+    def next(self, state_id: str) -> T | None:
+        """The item right behind the head, or None."""
+        fifo = self._fifos.get(state_id)
+        return fifo[1] if fifo is not None and len(fifo) > 1 else None
 
     def phase(self, state_id: str) -> Head | None:
         return self._head.get(state_id)
@@ -110,6 +118,15 @@ class GroupQueue(Generic[T]):
             del self._parked[state_id]
             self._head[state_id] = Head.PENDING
         return [(s, self._fifos[s][0]) for s in freed]
+
+    def take_next(self, state_id: str) -> T:
+        """Remove and return the item right behind the head (the caller queues it elsewhere)."""
+        fifo = self._fifos.get(state_id)
+        if fifo is None or len(fifo) < 2:
+            raise RuntimeError(f"{state_id!r} has no item behind its head")
+        item = fifo[1]
+        del fifo[1]
+        return item
 
     def complete(self, state_id: str) -> T | None:
         """The RUNNING head leaves; returns the next head (PENDING) or None."""

@@ -129,14 +129,16 @@ def plan_host_room(view: ResidencyView, need: int, exclude: frozenset[str] | set
     """Transitions that free `need` bytes of host capacity, least valuable first.
 
     Host-only states are spilled first; an idle device-resident state (whose persistent host
-    buffer also counts) is offloaded and then spilled only when that is not enough.
+    buffer also counts) is offloaded and then spilled only when that is not enough. A state
+    without host bytes of its own (a read replica, whose host copy is its primary's) frees
+    nothing by spilling and is never a victim.
     """
     free = view.host_capacity - view.host_used()
     if need <= free:
         return []
     candidates = sorted(
         (s for s in view.states.values()
-         if s.tier is not Tier.DISK and not s.busy and s.state_id not in exclude),
+         if s.tier is not Tier.DISK and not s.busy and s.host_bytes and s.state_id not in exclude),
         key=lambda s: (s.tier is Tier.DEVICE, *victim_value(s)),
     )
     spills = []

@@ -55,6 +55,11 @@ class ClusterConfig:
     activation_reserve_bytes: int | None = None
     activation_probe_tokens: int | None = None
     prefetch: bool = True  # load the state a device will likely run next while its current function runs
+    # A weights-only model's calls that change nothing (sample, compute_logprobs: a sampler snapshot's,
+    # a frozen reference's) run on several devices of its node at once, each on a read-only copy.
+    # None: on where each device has a process of its own (process, Ray engines); off on the local
+    # engine, whose devices are threads of one interpreter (two of them compute no faster than one).
+    read_replicas: bool | None = None
     # The largest slack the placer judges a job by when it shares devices with jobs that end, and
     # ends itself (it declared its steps: `service_client(steps=...)`; policy/placement.py, "Packing
     # when it pays"). Open-ended jobs (service sessions) are judged by their own slack. None: every job.
@@ -76,6 +81,8 @@ class ClusterConfig:
         _check("slot_s", self.slot_s, isinstance(self.slot_s, (int, float)) and self.slot_s > 0,
                "a positive number of seconds")
         _check("prefetch", self.prefetch, isinstance(self.prefetch, bool), "True or False")
+        _check("read_replicas", self.read_replicas, self.read_replicas is None or isinstance(self.read_replicas, bool),
+               "None (on where devices are processes), True or False")
         _check("events_kept", self.events_kept, self.events_kept is None or (
             _is_int(self.events_kept) and self.events_kept >= 1), "None (every record) or a positive integer")
         _check("pack_limit", self.pack_limit, self.pack_limit is None or (

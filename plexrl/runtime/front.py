@@ -62,6 +62,7 @@ class Front(NodeRecovery):
     `<name>-...`, `name` defaults to a fresh id)."""
 
     engine = "abstract"
+    devices_share_a_process = False  # the local engine's: its devices are threads of one interpreter
 
     def __init__(self, config: ClusterConfig, name: str | None = None):
         self.name = name or f"plexrl-{uuid.uuid4().hex[:8]}"
@@ -79,13 +80,16 @@ class Front(NodeRecovery):
                 group, list(mine), mine, config.device_memory_bytes, config.host_memory_bytes, config.policy,
                 str(workdir), str(node_folder(self.name, group)), epoch, config.event_log, config.prefetch,
                 precision.resolve(config.precision, torch_device), config.activation_reserve_bytes,
-                config.activation_probe_tokens, config.events_kept)))
+                config.activation_probe_tokens, config.events_kept, self._read_replicas(config))))
         remote.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in nodes])
         description = Description(config, tuple(node_ids), str(workdir),
                                   config.checkpoint_dir or str(workdir / "checkpoints"))
         control = self._host_control(piece_name(self.name, "control"), (description, epoch))
         self._join(description, control, nodes, workers)
         self._owned = [control, *nodes, *workers.values()]
+
+    def _read_replicas(self, config: ClusterConfig) -> bool:
+        return not self.devices_share_a_process if config.read_replicas is None else config.read_replicas
 
     def _start_workers(self, group: int, node_id, config: ClusterConfig, torch_device: str) -> dict:
         flags = str(node_folder(self.name, group) / WRITEBACK_FLAGS)

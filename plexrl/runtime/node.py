@@ -87,7 +87,7 @@ class Node:
                  host_memory_bytes: int, policy: str, workdir: str, shm_folder: str, epoch: float,
                  event_log: str | None = None, prefetch: bool = True, precision: str = "fp32",
                  activation_reserve_bytes: int | None = None, activation_probe_tokens: int | None = None,
-                 events_kept: int | None = None):
+                 events_kept: int | None = None, read_replicas: bool = True):
         """`precision`: "fp32" or "bf16", or "auto" when the front could not tell what the workers
         run on (Ray): the first state's making asks them (runtime/precision.py).
         `activation_reserve_bytes`: every model's reserve (None: the workers measure it on a batch of
@@ -107,7 +107,7 @@ class Node:
         self.sm = StateManager(node, arenas, host_memory_bytes, Path(workdir) / f"node{node}" / "spill",
                                self.telemetry, self.buffers, self.changed, self._drop_copies)
         self.group = GroupScheduler(node, devices, self.sm, Policy.parse(policy), self.telemetry, self.changed,
-                                    self._step_on_node, prefetch=prefetch)
+                                    self._step_on_node, prefetch=prefetch, read_replicas=read_replicas)
         self.recovery = {"worker_restarts": 0, "restored_states": 0, "lost_work_s": 0.0}
         self._incarnations: dict[int, str] = {}  # device -> the worker process last heard from
         self._restarting: set[int] = set()  # devices whose dispatcher must wait for their new worker
@@ -239,9 +239,9 @@ class Node:
     def remove_job(self, job: str, states: list[str] | None = None) -> None:
         """Free every state of `job` (only `states`, when given) once its queued calls are done."""
         for sid in [sid for sid, s in list(self.sm.states.items())
-                    if s.job == job and (states is None or sid in states)]:
+                    if s.job == job and not s.replica_of and (states is None or sid in states)]:
             with self.changed:
-                while self.sm.states[sid].busy or self.group.pending(sid):
+                while self.sm.in_use(sid, self.group.pending):
                     self.changed.wait(0.01)
                 self._remove(sid)
         if not any(s.job == job for s in list(self.sm.states.values())):
@@ -257,12 +257,13 @@ class Node:
 
     def _remove(self, state_id: str) -> None:
         source = self.sm.states[state_id].source
-        self.sm.remove(state_id)
+        gone = self.sm.remove(state_id)
         with self._bases_lock:  # the last LoRA state of a base lets the node's copy go
             if not any(s.lora is not None and s.source == source for s in list(self.sm.states.values())):
                 self._bases.pop(source, None)
         for worker in self.workers.values():
-            worker.forget.remote(state_id)
+            for sid in gone:
+                worker.forget.remote(sid)
 
     # -- calls ------------------------------------------------------------------------------------
     def call(self, call: Call) -> Any:
@@ -392,6 +393,7 @@ class Node:
                                       written, time.perf_counter() - t0, self.node, start)
         if request.function.mutates:
             self.sm.forget_device_copy(state)  # the host copy changed: a device copy is stale now
+            self.sm.drop_replica_copies(state.state_id)
             self._torn.discard(state.state_id)  # restored: its host copy is whole again
             state.unreadable = False
         return result
@@ -461,7 +463,7 @@ class Node:
         if t.kind is TransitionKind.LOAD:
             spec = StateSpec(state.state_id, state.job, state.name, state.source, state.trainable, state.lora,
                              state.sampler, state.dtype, state.autocast)
-            return WorkerStep(t.kind, t.state_id, spec, str(self.buffers.path_of(state.host)), t.offset,
+            return WorkerStep(t.kind, t.state_id, spec, str(self.buffers.path_of(self.sm.host_of(state))), t.offset,
                               state.adam_step, weights_version=state.weights_version)
         return WorkerStep(t.kind, t.state_id, dirty=state.dirty)
 
@@ -488,7 +490,8 @@ class Node:
             self.telemetry.prefetched(ahead[-1].bytes, reply.prefetch_s[-1], reply.prefetch_exposed_s)
         state = self.sm.states[request.state_id]
         state.adam_step = reply.adam_step
-        self.telemetry.executed(request.job, request.state_id, request.fn, device, reply.device_s, reply.wall_s)
+        self.telemetry.executed(request.job, self.sm.primary_of(request.state_id), request.fn, device, reply.device_s,
+                                reply.wall_s)
         if request.function.mutates:  # the write-through is a host snapshot: charged like a materialization
             write = Transition(TransitionKind.MATERIALIZE, request.state_id, reply.writeback_bytes)
             self.telemetry.transition(write, request.job, reply.writeback_bytes, reply.writeback_s, self.node,
@@ -573,12 +576,13 @@ class Node:
         with self.changed:
             current = self._samplers.get(key)
             snapshot = self.sm.states.get(current) if current else None
-            reusable = (snapshot is not None and not snapshot.busy and self.group.pending(current) == 0
+            reusable = (snapshot is not None and not self.sm.in_use(current, self.group.pending)
                         and snapshot.tier is not Tier.DISK and snapshot.sampler == sampler)
             if reusable:
                 snapshot.busy = True
                 snapshot.weights_version += 1  # a vLLM engine holding the old ones pushes these
                 self.sm.forget_device_copy(snapshot)  # its device copy is stale now; the next use loads it again
+                self.sm.drop_replica_copies(current)
         if reusable:
             self.sm.materialize(snapshot, trainer.job,  # rounded to nearest into a bfloat16 snapshot
                                 lambda: snapshot.segment(snapshot.host, 0).copy_(weights).nbytes)
@@ -634,8 +638,9 @@ class Node:
         return ray.get_runtime_context().get_node_id()
 
     def state_ids(self) -> list[str]:
+        """The models on this node (read replicas are the node's own, not listed)."""
         with self.changed:
-            return sorted(self.sm.states)
+            return sorted(sid for sid, s in self.sm.states.items() if not s.replica_of)
 
     def close(self) -> None:
         self.group.close()

@@ -12,6 +12,13 @@ Slack: each job's step marks reach the scheduler (`step_mark`, through the node)
 what the job's calls wait in each step against the job's slack (`policy.StepClock`) and gives
 each ready head the deadline the `plexrl` policy's slack term ranks by.
 
+Read replicas (`read_replicas`, StateManager's docstring): a call queued behind the head of a
+weights-only state, when both change nothing (sample, compute_logprobs), moves to one of the
+state's replicas that has none (`_feed`), so that it may run on another device meanwhile; the
+state's other calls wait in its FIFO for the next free replica or their turn. Such calls are
+pure functions of the weights and their payload (a sample carries its seed), so the order they
+run in changes no result.
+
 Invariants: at most one request per model state is in flight; every submitted request is
 completed or failed exactly once, also when the cluster closes (its future gets ClusterClosed).
 """
@@ -66,10 +73,12 @@ class GroupScheduler:
         run_on_node: Callable[[Request, LoadPlan], None],
         io_threads: int = 2,
         prefetch: bool = True,
+        read_replicas: bool = True,
     ):
         """`run_on_node(request, plan)`: the node's step for a node function, called on an I/O
         thread with the state claimed; it must `complete` the request. `prefetch`: with each
-        dispatch, also plan loading the state the policy would pick next for that device."""
+        dispatch, also plan loading the state the policy would pick next for that device.
+        `read_replicas`: run a weights-only state's calls on several devices at once."""
         self.group = group
         self.devices = devices
         self.sm = state_manager
@@ -84,6 +93,7 @@ class GroupScheduler:
         self._slack: dict[str, _JobSlack] = {}  # job -> its calls here and its slack in the current step
         self._closed = False
         self._prefetch = prefetch
+        self._replicas = len(devices) - 1 if read_replicas else 0  # per state, at most
 
     def step_mark(self, job: str, slack: float, now: float) -> None:
         """`job`'s step boundary: its next step's calls may wait `slack` x its step time alone
@@ -119,6 +129,7 @@ class GroupScheduler:
                 model=request.state_id, fn=request.fn, group=self.group,
             )
             self._new_head(self._queue.push(request.state_id, request))
+            self._feed(request.state_id)
             self._cond.notify_all()
 
     def complete(self, request: Request, failure: BaseException | None = None) -> None:
@@ -132,8 +143,10 @@ class GroupScheduler:
                 self._fail(following, _behind(failure, following), self._queue.fail)
                 following = self._queue.head(request.state_id)
             self._new_head(following)
+            primary = self.sm.primary_of(request.state_id)
+            self._feed(primary)
             if following is None:
-                self._drop_if_retired(request.state_id)
+                self._drop_if_retired(primary)
             self._cond.notify_all()
 
     def retire(self, state_id: str, remove: Callable[[], None]) -> None:
@@ -147,13 +160,28 @@ class GroupScheduler:
         dispatchers): one retired while it was busy (a snapshot a sync superseded as it moved)
         goes now if nothing is queued for it."""
         with self._cond:
-            for state_id in state_ids:
+            for state_id in {self.sm.primary_of(s) for s in state_ids}:
                 self._drop_if_retired(state_id)
 
     def _drop_if_retired(self, state_id: str) -> None:
         state = self.sm.states.get(state_id)
-        if state is not None and not state.busy and self._queue.drained(state_id):
+        if (state is not None and not state.busy and self._queue.drained(state_id)
+                and not self.sm.replicas_in_use(state_id, self.pending)):
             self._queue.take_retired(state_id)()
+
+    def _feed(self, state_id: str) -> None:
+        """Under the lock: hand the calls right behind `state_id`'s head to its replicas, one
+        each, while the head and the call behind it both change nothing (docstring)."""
+        state = self.sm.states.get(state_id)
+        if not self._replicas or state is None or not self.sm.replicable(state):
+            return
+        while _reads(self._queue.head(state_id)) and _reads(self._queue.next(state_id)):
+            replica = self.sm.idle_replica(state_id, self.pending, self._replicas)
+            if replica is None:
+                return
+            request = self._queue.take_next(state_id)
+            request.state_id = replica
+            self._new_head(self._queue.push(replica, request))
 
     def _new_head(self, request: Request | None) -> None:
         """A request became its model's head: a node function starts on the I/O pool, a device
@@ -170,7 +198,7 @@ class GroupScheduler:
         self._queue.make_ready(
             request.state_id,
             arrival=request.arrival_s,
-            est=self.telemetry.estimate(request.state_id, request.fn),
+            est=self.telemetry.estimate(self.sm.primary_of(request.state_id), request.fn),
             load_s=self.telemetry.transfer_seconds("load", state.device_bytes),
             resident_on=state.device if state.tier is Tier.DEVICE else -1,
             seq=request.seq,
@@ -269,6 +297,7 @@ class GroupScheduler:
 
     def _fail_head(self, state_id: str) -> None:
         self._new_head(self._queue.fail(state_id))
+        self._feed(self.sm.primary_of(state_id))
 
     def _fail(self, request: Request, exc: BaseException, leave: Callable[[str], object]) -> None:
         """Fail a request that never ran: logged as an end, out of the queue (`leave`), future resolved."""
@@ -305,7 +334,9 @@ class GroupScheduler:
         with self._cond:
             while True:
                 state = self.sm.states[request.state_id]
-                plan = None if state.busy else self.sm.prepare(request.state_id, None, request.job, self.pending)
+                in_use = state.busy or (request.function.mutates  # replicas load from its host copy
+                                        and self.sm.replicas_in_use(request.state_id, self.pending))
+                plan = None if in_use else self.sm.prepare(request.state_id, None, request.job, self.pending)
                 in_use = any(s.busy for s in self.sm.states.values())
                 if self._closed or not (plan is None or (isinstance(plan, NoFit) and in_use)):
                     return plan
@@ -321,6 +352,11 @@ class GroupScheduler:
                     request.future.set_exception(errors.ClusterClosed("the cluster closed before this call ran"))
             self._cond.notify_all()
         self._io.shutdown(wait=True)
+
+
+def _reads(request: Request | None) -> bool:
+    """A device call that changes nothing (a read replica may run it)."""
+    return request is not None and request.function.needs_device and not request.function.mutates
 
 
 class _JobSlack:

@@ -68,6 +68,7 @@ class ModelState:
     shared_bytes: int = field(init=False)  # float32 bytes of the shared base it stands on (0 if none)
     dtype: torch.dtype = torch.float32  # of its flat memory (bfloat16: a weights-only full-parameter state)
     autocast: torch.dtype | None = None  # its model runs under torch.autocast(dtype) (mixed precision)
+    replica_of: str | None = None  # a read replica's primary (state_manager.py): its host copy is the primary's
 
     def __post_init__(self) -> None:
         params = list(self.module.parameters())  # unique: tied weights appear once

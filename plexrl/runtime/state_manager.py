@@ -20,6 +20,15 @@ That net figure is every device's capacity in the policy's view (`plan_load`), a
 node gives its workers' arenas (`arena_bytes`; node.py resizes them when it changes, dropping
 device copies first), so the memory beside the arena really is free on CUDA.
 
+Read replicas: a weights-only state that samples with the hf backend (a sampler snapshot, a frozen
+reference or teacher; not LoRA) may have up to devices - 1 replicas, `PRIMARY#k`, so that its
+calls run on several devices at once (the group scheduler hands them out, scheduler.py). A
+replica is a state of its own in every device-side respect (a load, an arena region, a victim
+like any clean state) whose host copy is its primary's: no host bytes of its own, never spilled,
+removed with its primary. Only functions that change nothing run on one, and only between
+calls that change nothing on the primary; while a replica holds or waits for a call its primary
+is busy in the policy's view (not spilled, not moved) and takes no node function.
+
 Decisions (what to move) come from `plexrl.policy.transitions`; this module applies them.
 All bookkeeping happens under `lock`, which the node's group scheduler shares (the node makes it).
 Host-side transitions (spill, restore) run here, under the lock, so that two planners never count
@@ -124,12 +133,14 @@ class StateManager:
         self._drop_copies = drop_copies
         self.reserves: dict[str, int] = {}  # base model folder -> its activation reserve (the node measures it)
         self.engine_shares: dict[str, int] = {}  # base model folder -> its vLLM engine's share of a device
+        self.replicas: dict[str, list[str]] = {}  # primary -> its read replicas, in the order made
 
     # -- views for the policy ------------------------------------------------------------
     def info(self, s: ModelState, pending: Pending) -> StateInfo:
         return StateInfo(
-            state_id=s.state_id, job=s.job, device_bytes=s.device_bytes, host_bytes=s.host_bytes,
-            tier=s.tier, device=s.device, offset=s.offset, busy=s.busy,
+            state_id=s.state_id, job=s.job, device_bytes=s.device_bytes,
+            host_bytes=0 if s.replica_of else s.host_bytes, tier=s.tier, device=s.device, offset=s.offset,
+            busy=s.busy or self.replicas_in_use(s.state_id, pending),
             pending=pending(s.state_id), last_used_s=s.last_used_s,
         )
 
@@ -200,6 +211,55 @@ class StateManager:
             self.telemetry.events.emit(self.telemetry.now(), "state_added", state=state.state_id, job=state.job,
                                        node=self.node, host_bytes=state.host_bytes, device_bytes=state.device_bytes)
 
+    # -- read replicas (module docstring) ----------------------------------------------------
+    @staticmethod
+    def replicable(state: ModelState) -> bool:
+        return (state.replica_of is None and not state.trainable and state.lora is None and state.sampler == "hf"
+                and state.tier is not Tier.DISK)
+
+    def primary_of(self, state_id: str) -> str:
+        state = self.states.get(state_id)
+        return state.replica_of if state is not None and state.replica_of else state_id
+
+    def host_of(self, state: ModelState) -> torch.Tensor | None:
+        """The host copy a state loads from: its own, or a replica's primary's."""
+        return self.states[state.replica_of].host if state.replica_of else state.host
+
+    def replicas_in_use(self, state_id: str, pending: Pending) -> bool:
+        """Under the lock: whether a replica of `state_id` is claimed or has calls queued."""
+        return any(self.states[r].busy or pending(r) for r in self.replicas.get(state_id, ()))
+
+    def in_use(self, state_id: str, pending: Pending) -> bool:
+        """Under the lock: whether the state or one of its replicas is claimed or has calls queued."""
+        return self.states[state_id].busy or bool(pending(state_id)) or self.replicas_in_use(state_id, pending)
+
+    def idle_replica(self, state_id: str, pending: Pending, most: int) -> str | None:
+        """Under the lock: a replica of `state_id` with no call queued, made when fewer than
+        `most` exist; None when every one has a call. Prefers one resident on a device."""
+        mine = self.replicas.setdefault(state_id, [])
+        idle = [r for r in mine if not pending(r)]
+        if idle:
+            return min(idle, key=lambda r: self.states[r].tier is not Tier.DEVICE)
+        if len(mine) >= most:
+            return None
+        primary = self.states[state_id]
+        replica = ModelState(f"{state_id}#{len(mine) + 1}", primary.job, f"{primary.name}#{len(mine) + 1}",
+                             primary.module, False, primary.source, dtype=primary.dtype, autocast=primary.autocast,
+                             replica_of=state_id)
+        self.states[replica.state_id] = replica
+        mine.append(replica.state_id)
+        self.telemetry.events.emit(self.telemetry.now(), "state_added", state=replica.state_id, job=replica.job,
+                                   node=self.node, host_bytes=0, device_bytes=replica.device_bytes,
+                                   replica_of=state_id)
+        return replica.state_id
+
+    def drop_replica_copies(self, state_id: str) -> None:
+        """Its host copy changes or goes (rewritten, spilled): its replicas' device copies and the
+        workers' mappings go first."""
+        for replica in self.replicas.get(state_id, ()):
+            self._drop_copies(replica)
+            self.forget_device_copy(self.states[replica])
+
     def check_fits(self, state: ModelState) -> None:
         """StateTooLarge unless the state fits this node's budgets when nothing but what is kept
         beside the states (its own reserve, engine and base included) is there, and unless every
@@ -215,18 +275,24 @@ class StateManager:
                 f"{largest.device_bytes + beside.total:,} > the device budget of {budget:,} bytes once it is added; "
                 f"expected device_memory_bytes >= {largest.device_bytes + beside.total:,}")
 
-    def remove(self, state_id: str) -> None:
+    def remove(self, state_id: str) -> list[str]:
+        """Remove a state and its read replicas; returns the ids removed (the state's last)."""
         with self.lock:
-            state = self.states.pop(state_id)
-            self.buffers.release(state.host)
-            state.unbind()
-            state.host = None
-            state._resident = None
-            if state.spill_path is not None:
-                state.spill_path.unlink(missing_ok=True)
-            self.telemetry.events.emit(self.telemetry.now(), "state_removed", state=state_id, job=state.job,
-                                       node=self.node, tier=state.tier.value, host_bytes=state.host_bytes,
-                                       device=state.device, device_bytes=state.device_bytes)
+            gone = [*self.replicas.pop(state_id, ()), state_id]
+            for sid in gone:
+                state = self.states.pop(sid)
+                if not state.replica_of:  # a replica's module and host copy are its primary's
+                    self.buffers.release(state.host)
+                    state.unbind()
+                    state.host = None
+                    state._resident = None
+                if state.spill_path is not None:
+                    state.spill_path.unlink(missing_ok=True)
+                self.telemetry.events.emit(self.telemetry.now(), "state_removed", state=sid, job=state.job,
+                                           node=self.node, tier=state.tier.value,
+                                           host_bytes=0 if state.replica_of else state.host_bytes,
+                                           device=state.device, device_bytes=state.device_bytes)
+            return gone
 
     # -- planning ---------------------------------------------------------------------------
     def prepare(self, state_id: str, device: int | None, job: str, pending: Pending) -> LoadPlan | NoFit:
@@ -310,6 +376,7 @@ class StateManager:
 
     def _spill(self, state: ModelState, t: Transition) -> int:
         self.spill_dir.mkdir(parents=True, exist_ok=True)
+        self.drop_replica_copies(state.state_id)
         self._drop_copies(state.state_id)  # a worker's mapping would keep the freed host memory alive
         path = self.spill_dir / f"spill-{next(self._spill_ids)}.safetensors"  # opaque: no name can alias
         save_file({"flat": state.typed(state.host)}, str(path),  # in its dtype: read back as it was
