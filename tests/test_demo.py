@@ -61,6 +61,7 @@ def test_json_has_the_final_table(demo):
                 "host_cpu_s_mux"):
         assert key in summary
     assert len(summary["jobs"]) == 3 and summary["engine"] == "process"  # the default
+    assert summary["read_replicas"] is True  # --read-replicas auto: on for the process engine
     for job in summary["jobs"]:
         for key in ("name", "algorithm", "steps", "reward_first", "reward_last", "consumed_device_s", "reserved_device_s"):
             assert key in job
@@ -152,9 +153,11 @@ def test_the_placers_prediction_is_reported_against_the_realised_slowdown(demo):
 
 @pytest.mark.slow
 def test_more_jobs_than_devices(tmp_path):
-    summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4")
+    summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4", "--read-replicas", "off")
     assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]
-    assert summary["identical_rewards"] is True
+    assert summary["identical_rewards"] is True and summary["read_replicas"] is False
+    with open(tmp_path / "events.jsonl") as f:
+        assert not any('"model": "' in line and '#' in json.loads(line).get("model", "") for line in f)
     assert len(summary["exclusive_schedule"]) == 4 and summary["makespan_exclusive_s"] > 0
 
 
@@ -167,8 +170,11 @@ def test_multiplexed_rewards_equal_dedicated(demo):
 
 @pytest.mark.slow
 def test_jobs_really_shared_the_devices(demo):
-    summary, _ = demo
+    summary, out = demo
     assert summary["switches"] > 0, "the device budget is meant to force state swaps"
+    with open(out / "events.jsonl") as f:  # read replicas ran some of the snapshots' calls
+        ran = {e["model"] for e in map(json.loads, f) if e["event"] == "start" and e.get("device") is not None}
+    assert any("#" in model for model in ran)
     total = sum(j["consumed_device_s"] for j in summary["jobs"]) / sum(j["reserved_device_s"] for j in summary["jobs"])
     assert summary["cost_reduction"] == pytest.approx(1 - total)
 

@@ -108,6 +108,9 @@ def parse_args(argv):
     parser.add_argument("--json", action="store_true", help="print one JSON object with the final figures, nothing else")
     parser.add_argument("--out", default="plexrl-demo", help="folder for plots, events and summary (default ./plexrl-demo)")
     parser.add_argument("--policy", default="plexrl", help="scheduling policy of the multiplexed cluster (default plexrl)")
+    parser.add_argument("--read-replicas", choices=("auto", "on", "off"), default="auto",
+                        help="the multiplexed cluster's read replicas (a snapshot's calls on both devices at once): "
+                             "auto (default) on except on the local engine")
     engines.add_engine_option(parser)
     return parser.parse_args(argv)
 
@@ -185,8 +188,9 @@ def run_exclusive(specs, models, args, progress: "Progress") -> list[tuple[dict,
 
 def run_multiplexed(specs, models, args, budget, progress, out: Path):
     progress.mode = "multiplexed"
+    replicas = {"auto": None, "on": True, "off": False}[args.read_replicas]
     with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy,
-                              torch_device=args.device, precision=args.precision) as cluster:
+                              torch_device=args.device, precision=args.precision, read_replicas=replicas) as cluster:
         warm_up(cluster, models.values())
         started, cpu_started = time.perf_counter(), time.process_time()
         finished: dict[str, float] = {}  # job -> seconds from the batch's start to its end (its JCT)
@@ -282,6 +286,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
         "host_cpu_s_mux": metrics["host_cpu_s"],
         "cpu_cores": os.cpu_count(),
         "policy": args.policy,
+        "read_replicas": metrics["read_replicas"],  # as the multiplexed cluster ran (--read-replicas auto: by engine)
         "engine": args.engine,
         "quick": args.quick,
         "out": str(args.out),
