@@ -484,7 +484,8 @@ class Front(NodeRecovery):
             usage["phase_shift_s"] = placed.get("phase_shift_s")
             usage["queueing_delay_s"] = placed.get("queueing_delay_s", 0.0)
         out.update(policy=self.config.policy, devices=self.devices, nodes=len(self.nodes), engine=self.engine,
-                   read_replicas=self._read_replicas(self.config), uptime_s=control["now"], placement=placements, migrations=control["migrations"],
+                   read_replicas=self._read_replicas(self.config), uptime_s=control["now"], placement=placements,
+                   migrations=control["migrations"],
                    admission={job: p for job, p in placements.items() if p["group"] is None})
         return out
 
