@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# `make gpu-check`: every check that needs a GPU, in one command, under 8 minutes on one H200
-# (the steps' deadlines sum to 420 s, the two probes' to 50 s).
+# `make gpu-check`: every check that needs a GPU, in one command, under 9 minutes on one H200
+# (the steps' deadlines sum to 460 s, the two probes' to 50 s).
 #   1) pytest -m cuda over every test file (tests/test_cuda.py: transparency on CUDA on the local
 #      and process engines, page-locked host buffers registered and unregistered, event-timed device
 #      time, budgets refused with clear errors, bf16 the auto precision with snapshots sampling and
 #      TF32 on, fp32 with TF32 off; tests/test_device_budget.py: the measured activation reserve covers a forward_backward
-#      beside an arena at the net budget) and tests/test_writeback.py on CUDA (write-back bytes per call);
+#      beside an arena at the net budget; tests/test_read_replicas.py: a snapshot's read replicas on CUDA,
+#      each mapping of its host file page-locked, the results those without) and tests/test_writeback.py
+#      on CUDA (write-back bytes per call);
 #   2) plexrl bench switch --device cuda: a switch's load through the runtime (bf16 states, the
 #      auto precision on CUDA) against a page-locked host-to-device copy_ of the same bytes in the
 #      same run (target: ratio >= 0.8), and an RL loop's write-back bytes and seconds per step
@@ -62,7 +64,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a deadline, log, remember a f
     echo "$rc" >"$OUT/$name.rc"
 }
 
-step pytest-cuda 100 "$PY" -m pytest -q -rs -m cuda tests
+step pytest-cuda 140 "$PY" -m pytest -q -rs -m cuda tests
 step pytest-writeback 50 "$PY" -m pytest -q -rs tests/test_writeback.py
 step bench-switch 60 "$PY" -m plexrl.cli bench switch --device cuda --size-mb 512 --repeats 6 --rl-steps 2 --json
 step bench-prefetch 60 "$PY" -m plexrl.cli bench prefetch --device cuda --size-mb 512 --json

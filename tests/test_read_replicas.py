@@ -79,6 +79,24 @@ def test_the_process_engine_replicates_by_default_and_gets_the_same_results(tiny
     assert results[None] == results[False]
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
+def test_replicas_on_cuda_page_lock_their_own_mapping_and_get_the_same_results(tiny_model):
+    """Two logical devices on the GPUs this process sees (one GPU: both on it), the process engine:
+    a worker that holds a snapshot and its replica maps and page-locks the same host file twice
+    (`make gpu-check` runs this)."""
+    from plexrl import engines
+
+    results = {}
+    for replicas in (True, False):
+        with engines.open_cluster("process", 2, torch_device="cuda", read_replicas=replicas) as c:
+            sampler = c.service_client("job").create_training_client(
+                base_model=tiny_model, seed=0).save_weights_and_get_sampling_client()
+            results[replicas] = [burst(sampler, seed=3) for _ in range(3)]
+            assert (f"{sampler.state.state_id}#1" in starts(c, sampler.state.state_id)) is replicas
+    assert results[True] == results[False]
+
+
 def train_and_sample(cluster, tiny_model, steps: int = 3) -> list:
     """Each step: sync (in place when nothing uses the snapshot), a burst of samples, an update on them."""
     trainer = cluster.service_client("rl").create_training_client(base_model=tiny_model, seed=1)
