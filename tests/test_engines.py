@@ -282,7 +282,7 @@ METRICS_KEYS = {"switches", "device_busy_s", "transition_bytes", "transition_s",
                 "transitions", "jobs", "recovery", "residency", "bandwidth_gbps", "policy", "devices", "nodes",
                 "engine", "uptime_s", "placement", "migrations", "admission", "writebacks", "writeback_bytes",
                 "writeback_zeroed_bytes", "writeback_s", "prefetches", "prefetch_bytes", "prefetch_s",
-                "prefetch_exposed_s", "device_budget", "activation_reserves"}
+                "prefetch_exposed_s", "device_budget", "activation_reserves", "read_replicas"}
 
 
 def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):
@@ -290,6 +290,7 @@ def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):
     trainer.forward_backward([datum([5, 6, 7])]).result(TIMEOUT_S)
     metrics = cluster.metrics()
     assert set(metrics) == METRICS_KEYS
+    assert metrics["read_replicas"] is (cluster.engine != "local")  # the default: on where devices are processes
     assert {"worker_restarts", "restored_states", "node_losses"} <= set(metrics["recovery"])
     assert metrics["residency"]["layout/policy"].startswith("device:")
     assert metrics["activation_reserves"][tiny_model] == trainer.state.activation_reserve_bytes > 0
