@@ -392,8 +392,7 @@ class Node:
             self.telemetry.transition(Transition(TransitionKind.MATERIALIZE, state.state_id, written), request.job,
                                       written, time.perf_counter() - t0, self.node, start)
         if request.function.mutates:
-            self.sm.forget_device_copy(state)  # the host copy changed: a device copy is stale now
-            self.sm.drop_replica_copies(state.state_id)
+            self.sm.host_copy_changed(state)
             self._torn.discard(state.state_id)  # restored: its host copy is whole again
             state.unreadable = False
         return result
@@ -581,8 +580,7 @@ class Node:
             if reusable:
                 snapshot.busy = True
                 snapshot.weights_version += 1  # a vLLM engine holding the old ones pushes these
-                self.sm.forget_device_copy(snapshot)  # its device copy is stale now; the next use loads it again
-                self.sm.drop_replica_copies(current)
+                self.sm.host_copy_changed(snapshot)  # rewritten below
         if reusable:
             self.sm.materialize(snapshot, trainer.job,  # rounded to nearest into a bfloat16 snapshot
                                 lambda: snapshot.segment(snapshot.host, 0).copy_(weights).nbytes)

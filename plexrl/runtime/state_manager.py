@@ -253,6 +253,12 @@ class StateManager:
                                    replica_of=state_id)
         return replica.state_id
 
+    def host_copy_changed(self, state: ModelState) -> None:
+        """Its host copy was rewritten (a node function, an in-place sync): its device copy and
+        its replicas' are stale; the next use of each loads it again."""
+        self.forget_device_copy(state)
+        self.drop_replica_copies(state.state_id)
+
     def drop_replica_copies(self, state_id: str) -> None:
         """Its host copy changes or goes (rewritten, spilled): its replicas' device copies and the
         workers' mappings go first."""
