@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from plexrl import errors
@@ -54,8 +54,11 @@ def reference_gradient(name, out, inputs, config):
         elif name == "importance_sampling":
             grads.append(-ratio * adv)
         elif name == "ppo":
-            # the clipped branch is the min (and has zero gradient) only outside the trust region
-            clipped = (adv > 0 and ratio > config["high"]) or (adv < 0 and ratio < config["low"])
+            # the clipped branch is the min (and has zero gradient) only outside the trust region,
+            # whose bounds the backend holds in float32 (a bound of 0.9999999999999999 is 1.0 there:
+            # a ratio of exactly 1 is on it, inside, not past it)
+            low, high = float(np.float32(config["low"])), float(np.float32(config["high"]))
+            clipped = (adv > 0 and ratio > high) or (adv < 0 and ratio < low)
             grads.append(0.0 if clipped else -ratio * adv)
         elif name == "cispo":
             grads.append(-clip(ratio, config["low"], config["high"]) * adv)
@@ -184,6 +187,7 @@ finite = st.floats(-3.0, 3.0, allow_nan=False, width=32)
 @given(name=st.sampled_from(["importance_sampling", "ppo", "cispo", "dro"]),
        rows=st.lists(st.tuples(finite, finite, finite), min_size=1, max_size=12),
        low=st.floats(0.0, 1.0), spread=st.floats(0.0, 1.0))
+@example(name="ppo", rows=[(0.0, 0.0, 1.0)], low=0.0, spread=0.9999999999999999)  # a bound that is 1.0 in float32
 def test_policy_losses_match_reference_on_random_tokens(name, rows, low, spread):
     out, sampler, adv = (list(col) for col in zip(*rows))
     inputs = {"logprobs": sampler, "advantages": adv}
