@@ -4,11 +4,15 @@ sharing when a profile does not know its calls."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 
-from plexrl.policy.placement import Placement, Placer, Wait, pooled_inflation, wait_inflation
+from hypothesis import given, settings, strategies as st
+
+from plexrl.policy import placement
+from plexrl.policy.placement import Placement, Placer, Wait, pooled_inflation, wait_inflation, wait_s
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.policy.resources import ResourceView
 
@@ -20,9 +24,10 @@ def view(groups: int = 1) -> ResourceView:
 
 
 def job(name: str, demand, barriers: int = 0, residual_s: float = 0.0, slack: float = 0.10,
-        period_s: float | None = None) -> JobProfile:
+        period_s: float | None = None, **rollouts) -> JobProfile:
+    """`rollouts`: `JobProfile.rollout_barriers`, `rollout_residual_s`, `rollout_s` (elastic rollouts)."""
     return JobProfile(name, float(period_s or len(demand)), tuple(demand), 2, (ModelMemory("m", GiB, GiB),), slack,
-                      barriers=barriers, residual_s=residual_s)
+                      barriers=barriers, residual_s=residual_s, **rollouts)
 
 
 BUSY = (2, 2, 2, 2, 2, 2, 0, 0)  # busy 6 of 8 s per device: two such jobs cannot take turns
@@ -70,6 +75,15 @@ WAITS = {
         job("a", SHORT, 2, 1.0, period_s=10.0), [(job("b", SHORT, 2, 1.0), 1.0)], 0.0),
     "two split-phase jobs take turns": (
         job("a", SPLIT, 2, SPLIT_RESIDUAL), [(job("b", SPLIT, 2, SPLIT_RESIDUAL), 1.0)], 0.0),
+    # elastic rollouts: a's 2 calls wait b's whole 1.0 s residual, its 2 turns only the 0.4 s of
+    # b's calls that are not rollouts, and its 2 s on all replicas meet b's (2 s of b's 8 s step)
+    "an elastic turn does not wait for a tenant's rollout, it shares the replicas": (
+        job("a", BUSY, 4, 1.0, rollout_barriers=2, rollout_residual_s=0.5, rollout_s=2.0),
+        [(job("b", HALF, 3, 1.0, rollout_barriers=1, rollout_residual_s=0.6, rollout_s=2.0), 1.0)],
+        (2 * 1.0 + 2 * (1.0 - 0.6) + 2.0 * 2.0 / 8) / 8),
+    "pinned rollouts (none named) wait for everything": (
+        job("a", BUSY, 4, 1.0), [(job("b", HALF, 3, 1.0, rollout_barriers=1, rollout_residual_s=0.6,
+                                      rollout_s=2.0), 1.0)], 4 * 1.0 / 8),
     # 90% busy together, but no job's idle stretch holds both others' busy time: random phases
     "three do not, though each pair would": (
         job("a", SPLIT, 2, SPLIT_RESIDUAL),
@@ -82,6 +96,39 @@ WAITS = {
 def test_wait_inflation_table(name):
     profile, tenants, expected = WAITS[name]
     assert wait_inflation(profile, tenants) == pytest.approx(expected)
+
+
+@st.composite
+def call_profiles(draw, name: str) -> JobProfile:
+    period = draw(st.sampled_from([4, 8, 12]))
+    demand = tuple(draw(st.lists(st.integers(0, 2), min_size=period, max_size=period)))
+    barriers = draw(st.integers(1, 6))  # the call model reads only profiles that know their calls
+    residual = draw(st.floats(0.0, 3.0))
+    rollouts = {}
+    if draw(st.booleans()):
+        rollouts = {"rollout_barriers": draw(st.integers(0, barriers)),
+                    "rollout_residual_s": residual * draw(st.floats(0.0, 1.0)),
+                    "rollout_s": period * draw(st.floats(0.0, 1.0))}
+    return job(name, demand, barriers, residual, **rollouts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(call_profiles("x"), call_profiles("t"), st.floats(0.0, 50.0))
+def test_least_wait_bounds_every_wait_the_model_can_give(newcomer, tenant, inflation):
+    """`_least_wait`, which the refusal without a search rests on, is no more than the wait of
+    the first-order model nor of the queued-ahead one at any tenant inflation."""
+    least = placement._least_wait(newcomer, tenant)
+    assert least <= wait_s(newcomer, tenant) + 1e-9
+    queued = placement._queued_ahead(tenant, inflation)
+    assert least <= wait_s(newcomer, tenant, 1 / (1 + inflation), queued) + 1e-9
+
+
+def test_rollout_figures_beyond_the_calls_are_clear_errors():
+    for bad, says in (({"rollout_barriers": 5}, "rollout_barriers must lie in [0, barriers=4]"),
+                      ({"rollout_residual_s": 2.0}, "rollout_residual_s must lie in [0, residual_s=1.0]"),
+                      ({"rollout_s": 9.0}, "rollout_s must lie in [0, period_s=8.0]")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            job("a", BUSY, 4, 1.0, **bad)
 
 
 def test_admission_uses_the_call_model_when_every_profile_knows_its_calls():

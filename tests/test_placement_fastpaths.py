@@ -29,9 +29,10 @@ def view(groups: int = 2, nodes: int = 1, devices: int = 2, host: int = 100 * Gi
 
 
 def job(name: str, demand, barriers: int = 4, residual_s: float = 0.1, slack: float = 0.10,
-        devices: int = 2, period_s: float | None = None) -> JobProfile:
+        devices: int = 2, period_s: float | None = None, **rollouts) -> JobProfile:
+    """`rollouts`: `JobProfile.rollout_barriers`, `rollout_residual_s`, `rollout_s` (elastic rollouts)."""
     return JobProfile(name, float(period_s or len(demand)), tuple(float(d) for d in demand), devices,
-                      (ModelMemory("m", GiB, GiB),), slack, barriers=barriers, residual_s=residual_s)
+                      (ModelMemory("m", GiB, GiB),), slack, barriers=barriers, residual_s=residual_s, **rollouts)
 
 
 class SearchAlways(Placer):
@@ -336,8 +337,14 @@ def replay(seed: int, *placers: Placer) -> tuple[list[list], int]:
         period = int(rng.choice([4, 8, 12]))
         devices = int(rng.choice([1, 2, 4]))
         demand = tuple(rng.integers(0, devices + 1, period).astype(float))
-        profile = job(f"j{i}", demand, barriers=int(rng.integers(1, 6)), residual_s=float(rng.random() * 2),
-                      slack=float(rng.choice([0.1, 0.3, 1.0])), devices=devices)
+        barriers, residual_s = int(rng.integers(1, 6)), float(rng.random() * 2)
+        rollouts = {}
+        if rng.random() < 0.5:  # elastic rollouts: some of its barriers and residual, some of its period
+            rollouts = {"rollout_barriers": int(rng.integers(0, barriers + 1)),
+                        "rollout_residual_s": float(rng.random() * residual_s),
+                        "rollout_s": float(rng.random() * period)}
+        profile = job(f"j{i}", demand, barriers=barriers, residual_s=residual_s,
+                      slack=float(rng.choice([0.1, 0.3, 1.0])), devices=devices, **rollouts)
         first = placers[0]
         first.horizon.advance(now)
         groups = first.view.feasible_groups(profile)

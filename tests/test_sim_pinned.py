@@ -17,7 +17,11 @@ every PlexRL mode whose jobs share changed (`plexrl-wholetail` consolidates noth
 shares no rollout out and is unchanged), and `plexrl-pinned` reproduces the previous `plexrl`
 figures exactly. Then loads and offloads copy what they would: a sampler's load its weights, not
 its KV reserve, and an offload of a read-only state (a sampler, a reference model) nothing: every
-mode that switches changed, the baselines too. The workload is
+mode that switches changed, the baselines too. Then the co-tenancy model knows elastic
+rollouts (`placement.wait_s`: a rollout turn shares a co-tenant's rollout's replicas instead of
+waiting for it): it predicts less for the jobs of modes whose rollouts are elastic, so they
+share GPUs more; `plexrl-pinned` and `plexrl-wholetail` (no elastic rollouts) are unchanged.
+The workload is
 pinned with `pack_limit: null` (each job judged by its own slack, 1.0), so its jobs share GPUs
 and every contended path runs; the default limit (`PACKING_PAYS`, the sharing that pays for
 jobs that end) shares no GPU here: every job queues for its own, its step times sum to
@@ -49,16 +53,16 @@ WORKLOAD = Workload.model_validate({
 PINNED = {
     "colocated": (221, 9174.534602587655, 58949.573765875015, 60.800000000000026, 46801.63455637255),
     "split": (153, 13973.948277924665, 91065.88078119366, 27.680000000000003, 39773.88867401961),
-    "plexrl": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
-    "plexrl-hrrn": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
-    "plexrl-sjf": (202, 9889.700473732486, 43986.79462350908, 78.64000000000003, 43986.79462350908),
-    "plexrl-fcfs": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
-    "plexrl-firstfit": (202, 9933.388846432914, 43634.755441878304, 71.36000000000001, 43634.75544187828),
+    "plexrl": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-hrrn": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-sjf": (175, 13110.3805227908, 43125.48070920474, 173.84000000000015, 43125.48070920471),
+    "plexrl-fcfs": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-firstfit": (197, 9963.691277684131, 43628.82697180693, 72.48000000000002, 43628.826971806906),
     # one node group: packing first has no other group to prefer, so it places as `plexrl`
-    "plexrl-pack": (202, 9898.759447169985, 43986.79462350908, 78.64000000000003, 43986.79462350908),
-    "plexrl-noshift": (201, 9850.068845968108, 43085.82330482687, 81.36000000000004, 43085.82330482686),
+    "plexrl-pack": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-noshift": (187, 13486.624917573881, 43557.21247117745, 172.16000000000008, 43557.21247117743),
     "plexrl-wholetail": (226, 14939.101305921535, 46888.99455637256, 148.16000000000014, 46888.99455637255),
-    "plexrl-alltail": (148, 9925.452920224521, 43754.899800469866, 78.64000000000003, 43754.89980046985),
+    "plexrl-alltail": (165, 13165.854297861173, 42596.67372624957, 172.16000000000008, 42596.67372624955),
     "plexrl-pinned": (236, 11039.994762290171, 45663.223663725505, 80.96000000000005, 45663.223663725505),
 }
 # `plexrl` under the default pack limit (PACKING_PAYS)

@@ -22,7 +22,7 @@ from test_sim_pinned import CLUSTER, WORKLOAD
 PARTING = WORKLOAD.model_copy(update={"jobs": [j.model_copy(update={"slack": 0.0 if j.name == "code" else 1.0})
                                                for j in WORKLOAD.jobs]})
 MODES = {  # in run order: name -> (mode, questions the placer itself answers when run after the ones above)
-    "plexrl": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.PLEXRL), 10),
+    "plexrl": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.PLEXRL), 9),
     "sjf": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.SJF), 0),  # asks nothing new: its jobs end when plexrl's do
     "fcfs": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.FCFS), 0),  # ends jobs as plexrl does
     "firstfit": (lambda: first_fit(PARTING, CLUSTER, Policy.PLEXRL), 7),  # another placer: its own questions

@@ -74,3 +74,20 @@ def test_packed_draws_unpack_to_the_drawn_floats(job, packed):
         assert back.reward_factor == d.reward_factor
     (store,) = plans._draws.values()
     assert all(b.lengths.dtype == packed and b.refill.dtype == packed for b in store.blocks)
+
+
+def test_an_elastic_profile_counts_each_turn_once_and_names_its_rollouts():
+    """`call_moments`: pinned, every device phase is a barrier; elastic, a turn and its
+    consolidated tail are one, and the rollouts' residual and seconds on all replicas are given."""
+    from plexrl.sim.phases import Phase
+    from plexrl.sim.profiles import call_moments
+    phases = [Phase("sample", "sampler", (10.0, 8.0)), Phase("sample_tail", "sampler", (3.0,)),
+              Phase("tools", None, idle_s=5.0),
+              Phase("sample", "sampler", (10.0, 9.0)), Phase("sample_tail", "sampler", (2.0,)),
+              Phase("logprobs", "trainer", (4.0,), shard_gpus=2), Phase("update", "trainer", (6.0,), shard_gpus=2)]
+    squares = (10.0**2 + 3.0**2 + 10.0**2 + 2.0**2 + 4.0**2 + 6.0**2) / (2 * 50.0)
+    assert call_moments(phases, 50.0) == {"barriers": 6, "residual_s": pytest.approx(squares)}
+    elastic = call_moments(phases, 50.0, elastic=True)
+    assert elastic == {"barriers": 4, "residual_s": pytest.approx(squares), "rollout_barriers": 2,
+                       "rollout_residual_s": pytest.approx((10.0**2 + 3.0**2 + 10.0**2 + 2.0**2) / 100.0),
+                       "rollout_s": 20.0}

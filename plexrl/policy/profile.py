@@ -76,6 +76,14 @@ class JobProfile:
     # Its calls, for the co-tenancy model (`placement.wait_inflation`); 0 = not known.
     barriers: int = 0  # phases per step: call groups that must all end before the step moves on
     residual_s: float = 0.0  # per device: sum of its calls' seconds^2 / (2 * period_s)
+    # Its elastic rollouts (the simulator's, `sim/rollout.py`), 0 = none known: of `barriers`, the
+    # rollout turns, which share a co-tenant's rollouts' replicas instead of waiting for them;
+    # of `residual_s`, the part from its rollout segments (what a co-tenant's rollout does not
+    # wait for); and the seconds per step its rollouts want all its replicas (before their
+    # consolidation cut), in which a co-tenant's rollout shares them (`placement.wait_s`).
+    rollout_barriers: int = 0
+    rollout_residual_s: float = 0.0
+    rollout_s: float = 0.0
     # Its run has a known end (it declared its steps): placement may judge it by less than its
     # slack ("Packing when it pays", placement.py). False: open-ended (a service session).
     ends: bool = False
@@ -101,6 +109,14 @@ class JobProfile:
             raise ValueError(f"{where}: slack must be >= 0 (a fraction of the step), got {self.slack}")
         if self.barriers < 0 or not self.residual_s >= 0:
             raise ValueError(f"{where}: barriers and residual_s must be >= 0, got {self.barriers} and {self.residual_s}")
+        if not 0 <= self.rollout_barriers <= self.barriers:
+            raise ValueError(f"{where}: rollout_barriers must lie in [0, barriers={self.barriers}], "
+                             f"got {self.rollout_barriers}")
+        if not 0.0 <= self.rollout_residual_s <= self.residual_s * (1 + 1e-9):
+            raise ValueError(f"{where}: rollout_residual_s must lie in [0, residual_s={self.residual_s}], "
+                             f"got {self.rollout_residual_s}")
+        if not 0.0 <= self.rollout_s <= self.period_s * (1 + 1e-9):
+            raise ValueError(f"{where}: rollout_s must lie in [0, period_s={self.period_s}], got {self.rollout_s}")
         if self.replica_devices < 1 or self.devices % self.replica_devices:
             raise ValueError(
                 f"{where}: replica_devices = {self.replica_devices} must be >= 1 and divide "

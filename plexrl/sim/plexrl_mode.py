@@ -21,9 +21,10 @@ then (`Tail.SHARED`); `plexrl-alltail` consolidates every step of every job (`Ta
 `plexrl-wholetail` none (`Tail.NEVER`). A step that consolidates is also elastic (`rollout.py`):
 each rollout turn decodes on whichever of the job's replicas no call runs on or waits for, and
 the replicas move between the group's rollouts as they come and go (`plexrl-pinned`: dealt
-once to every replica, as the baselines do). The placer judges placements with the pinned
-rollouts' co-tenancy model, which over-predicts what elastic rollouts realise where a job's
-turns are short beside a co-tenant's long rollouts (`plexrl bench cotenancy`).
+once to every replica, as the baselines do). A job's profile for the placer says which of its
+calls are elastic rollouts (`profiles.call_moments`; not in `plexrl-pinned` nor
+`plexrl-wholetail`), so the co-tenancy model lets its turns share a co-tenant's rollouts'
+replicas instead of waiting for them (`placement.wait_s`; `plexrl bench cotenancy`).
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ class PlexRLMode(Mode):
 
     def _arrive(self, job: SimJob) -> None:
         self.by_name[job.name] = job
-        profile = job_profile(job.spec, job.costs, job.seed, job.index, self.consolidates_tail, job.plans)
+        profile = job_profile(job.spec, job.costs, job.seed, job.index, self.consolidates_tail, job.plans,
+                              elastic=self.elastic)
         if len(self.empty_view.feasible_groups(profile)) == 0:
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")

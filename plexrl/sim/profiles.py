@@ -61,24 +61,37 @@ def model_memory(job: Job, costs: JobCosts) -> tuple[ModelMemory, ...]:
 
 
 def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_tail: bool = False,
-                plans: StepPlans | None = None) -> JobProfile:
-    """`plans`, when given, supplies the first step (the same phases, planned once for every mode)."""
+                plans: StepPlans | None = None, elastic: bool = False) -> JobProfile:
+    """`plans`, when given, supplies the first step (the same phases, planned once for every mode).
+    `elastic`: its rollouts are elastic when it shares (`sim/rollout.py`), so the profile says
+    which of its calls are rollouts (`call_moments`)."""
     if plans is not None:
         phases = plans.step(job, seed, index, costs, 0, job.gpus, job.gpus, consolidate_tail)
     else:
         phases = plan_step(job, costs, first_step(job, seed, index), job.gpus, job.gpus, consolidate_tail)
     demand, period = demand_per_slot(phases)
     models = model_memory(job, costs)
-    barriers, residual_s = call_moments(phases, period)
+    moments = call_moments(phases, period, elastic and consolidate_tail)
     return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack,
-                      replica_devices=job.tp, barriers=barriers, residual_s=residual_s, ends=True)
+                      replica_devices=job.tp, ends=True, **moments)
 
 
-def call_moments(phases: list[Phase], period: float) -> tuple[int, float]:
-    """(device phases per step, the sum of its phases' seconds^2 / (2 period)): what the
-    placer's co-tenancy model reads of a job's calls (`JobProfile.barriers`, `residual_s`). A
-    phase lasts until its slowest call ends: a co-tenant's phase that needs those devices
-    (all of them, as a barrier) waits for that one."""
+def call_moments(phases: list[Phase], period: float, elastic: bool = False) -> dict:
+    """What the placer's co-tenancy model reads of a job's calls (`JobProfile.barriers`,
+    `residual_s`): its device phases per step, and the sum of their seconds^2 / (2 period). A
+    phase lasts until its slowest call ends: a co-tenant's phase that needs those devices (all
+    of them, as a barrier) waits for that one. `elastic` (its rollouts are): a rollout turn is
+    one barrier (its consolidated tail goes on from its cut without waiting), and the rollouts'
+    part of those figures and their seconds on all replicas (`rollout_barriers`,
+    `rollout_residual_s`, `rollout_s`) are given too."""
     device = [p for p in phases if p.state is not None]
-    squares = sum(max(p.shard_s) ** 2 for p in device)
-    return len(device), squares / (2 * period) if period > 0 else 0.0
+    residual = lambda squares: squares / (2 * period) if period > 0 else 0.0
+    moments = {"barriers": len(device), "residual_s": residual(sum(max(p.shard_s) ** 2 for p in device))}
+    if elastic:
+        turns = [p for p in device if p.fn == "sample"]
+        rollouts = sum(max(p.shard_s) ** 2 for p in device if p.fn in ("sample", "sample_tail"))
+        moments["barriers"] -= sum(1 for p in device if p.fn == "sample_tail")
+        moments["rollout_barriers"] = len(turns)
+        moments["rollout_residual_s"] = min(moments["residual_s"], residual(rollouts))
+        moments["rollout_s"] = min(period, sum(max(p.shard_s) for p in turns))
+    return moments
