@@ -334,11 +334,11 @@ class GroupScheduler:
         with self._cond:
             while True:
                 state = self.sm.states[request.state_id]
-                in_use = state.busy or (request.function.mutates  # replicas load from its host copy
-                                        and self.sm.replicas_in_use(request.state_id, self.pending))
-                plan = None if in_use else self.sm.prepare(request.state_id, None, request.job, self.pending)
-                in_use = any(s.busy for s in self.sm.states.values())
-                if self._closed or not (plan is None or (isinstance(plan, NoFit) and in_use)):
+                held = state.busy or (request.function.mutates  # replicas load from its host copy
+                                      and self.sm.replicas_in_use(request.state_id, self.pending))
+                plan = None if held else self.sm.prepare(request.state_id, None, request.job, self.pending)
+                others_busy = any(s.busy for s in self.sm.states.values())
+                if self._closed or not (plan is None or (isinstance(plan, NoFit) and others_busy)):
                     return plan
                 self._cond.wait(_RETRY_S)  # the state, or the host room it needs, is in use
 

@@ -84,14 +84,14 @@ def call_moments(phases: list[Phase], period: float, elastic: bool = False) -> d
     one barrier (its consolidated tail goes on from its cut without waiting), and the rollouts'
     part of those figures and their seconds on all replicas (`rollout_barriers`,
     `rollout_residual_s`, `rollout_s`) are given too."""
-    device = [p for p in phases if p.state is not None]
+    device = [(p.fn, max(p.shard_s)) for p in phases if p.state is not None]  # each phase lasts its slowest call
     residual = lambda squares: squares / (2 * period) if period > 0 else 0.0
-    moments = {"barriers": len(device), "residual_s": residual(sum(max(p.shard_s) ** 2 for p in device))}
+    moments = {"barriers": len(device), "residual_s": residual(sum(s ** 2 for _, s in device))}
     if elastic:
-        turns = [p for p in device if p.fn == "sample"]
-        rollouts = sum(max(p.shard_s) ** 2 for p in device if p.fn in ("sample", "sample_tail"))
-        moments["barriers"] -= sum(1 for p in device if p.fn == "sample_tail")
+        turns = [s for fn, s in device if fn == "sample"]
+        moments["barriers"] -= sum(1 for fn, _ in device if fn == "sample_tail")
         moments["rollout_barriers"] = len(turns)
-        moments["rollout_residual_s"] = min(moments["residual_s"], residual(rollouts))
-        moments["rollout_s"] = min(period, sum(max(p.shard_s) for p in turns))
+        moments["rollout_residual_s"] = min(moments["residual_s"], residual(
+            sum(s ** 2 for fn, s in device if fn in ("sample", "sample_tail"))))
+        moments["rollout_s"] = min(period, sum(turns))
     return moments
