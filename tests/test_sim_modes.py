@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from plexrl.policy import Policy
-from plexrl.sim.colocated_mode import ColocatedMode
+from plexrl.sim.colocated_mode import AloneMode, ColocatedMode
 from plexrl.sim.plexrl_mode import PlexRLMode, first_fit, pack_first
 from plexrl.sim.report import summarize, utilization_series
 from plexrl.sim.simulate import over_seeds, simulate
@@ -88,6 +88,49 @@ def test_no_mode_beats_the_makespan_floor(runs, mode):
     s = summarize(runs[mode], base)
     assert s["makespan_floor_s"] == pytest.approx(floor, rel=1e-12)
     assert s["makespan_s"] >= floor * (1 - 1e-9)
+
+
+@pytest.fixture(scope="module")
+def alone():
+    return AloneMode(workload(), CLUSTER).run()
+
+
+def test_alone_is_every_job_from_its_arrival_at_its_colocated_speed(runs, alone):
+    """The bound: no job queues or shares, each runs colocated's steps (the same plans), so its
+    makespan is the report's `makespan_floor_s`, and it asked for more GPUs than the cluster has."""
+    base = {r.name: r for r in runs["colocated"].records}
+    assert all(r.queue_delay == 0.0 and not r.shared for r in alone.records)
+    for r in alone.records:
+        assert r.step_times == pytest.approx(base[r.name].step_times, rel=1e-12)
+    s = summarize(alone, runs["colocated"])
+    assert s["makespan_s"] == pytest.approx(s["makespan_floor_s"], rel=1e-12)
+    assert s["queue_delay_p99_s"] == 0.0
+    assert sum(r.gpus for r in alone.records) > CLUSTER.gpus
+
+
+@pytest.mark.parametrize("mode", ["colocated"] + [m for m in MODES if m.startswith("plexrl")])
+def test_no_job_completes_sooner_than_alone(runs, alone, mode):
+    """Each job's completion time in a mode is at least its time alone (it waited and was slowed
+    or not), so neither mean JCT nor makespan beats the bound."""
+    floor = {r.name: r.finished - r.arrival for r in alone.records}
+    for r in runs[mode].records:
+        assert r.finished - r.arrival >= floor[r.name] * (1 - 1e-9), f"{mode}: {r.name}"
+    s, bound = summarize(runs[mode], runs["colocated"]), summarize(alone, runs["colocated"])
+    assert s["jct_mean_s"] >= bound["jct_mean_s"] * (1 - 1e-9)
+
+
+def test_no_mode_completes_more_steps_by_a_horizon_than_alone():
+    """Cut off by a horizon (the saturated workloads), no job completes more steps than alone:
+    here colocated and PlexRL leave the code job and two math jobs queued or just started by
+    the horizon, alone runs every job from its arrival."""
+    cut = workload().model_copy(update={"horizon_s": 1500.0})
+    runs = {name: MODES[name](cut).run() for name in ("colocated", "plexrl-plexrl")}
+    alone = AloneMode(cut, CLUSTER).run()
+    most = {r.name: r.steps for r in alone.records}
+    assert sum(most.values()) > sum(r.steps for r in runs["colocated"].records)
+    for name, result in runs.items():
+        for r in result.records:
+            assert r.steps <= most[r.name], f"{name}: {r.name}"
 
 
 def test_same_seed_same_run_other_seed_other_run():

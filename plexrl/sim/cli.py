@@ -24,7 +24,7 @@ from plexrl.errors import ConfigError
 from plexrl.policy import Policy
 from plexrl.sim.calibrate import calibrate
 from plexrl.sim.report import plot
-from plexrl.sim.simulate import MODES, over_seeds
+from plexrl.sim.simulate import BOUNDS, MODES, over_seeds
 from plexrl.sim.trace import load_trace
 from plexrl.sim.workload import load_cluster, load_workload
 
@@ -35,7 +35,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cluster", help="cluster YAML file or shipped name (default: the workload's)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.add_argument("--plots", type=Path, help="write PNG plots into this folder")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"comma-separated subset of {','.join(MODES)} (default: all of them), and the bound "
+                        f"{','.join(BOUNDS)} (every job on GPUs of its own from its arrival: what no schedule beats)")
     p.add_argument("--seeds", type=int, default=1,
                    help="run seeds seed..seed+N-1 and add per-mode mean/worst figures as 'over_seeds' (default 1)")
     p.add_argument("--pack-limit", type=pack_limit, default=None, metavar="X|none",

@@ -8,6 +8,8 @@ already carry jobs first, `Placer(pack_first=True)`), `plexrl-wholetail` (PlexRL
 consolidation: every sampler worker stays through the tail), `plexrl-alltail` (every job
 consolidates its tails, sharing or not; `plexrl` consolidates only while a job shares its GPUs)
 and `plexrl-pinned` (a shared job's rollouts dealt to its replicas once instead of elastic).
+`alone` is a bound, run only when asked for (`BOUNDS`): every job on GPUs of its own from its
+arrival, never queueing or sharing (`colocated_mode.AloneMode`).
 Every PlexRL mode places with the workload's `pack_limit` (the operator's setting, default
 `placement.PACKING_PAYS`: the simulator's jobs all end, so a shared placement judges them by
 at most that slowdown; `plexrl sim --pack-limit none` judges each by its own slack).
@@ -21,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable
 
 from plexrl.policy import Policy
-from plexrl.sim.colocated_mode import ColocatedMode
+from plexrl.sim.colocated_mode import AloneMode, ColocatedMode
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
 from plexrl.sim.plexrl_mode import PlexRLMode, all_tail, first_fit, no_shift, pack_first, pinned, whole_tail
@@ -45,10 +47,12 @@ def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
     table["plexrl-wholetail"] = lambda w, c: whole_tail(w, c, Policy.PLEXRL)
     table["plexrl-alltail"] = lambda w, c: all_tail(w, c, Policy.PLEXRL)
     table["plexrl-pinned"] = lambda w, c: pinned(w, c, Policy.PLEXRL)
+    table["alone"] = AloneMode
     return table
 
 
-MODES = tuple(mode_table())
+BOUNDS = ("alone",)  # not schedules: run when named (`--modes ...,alone`), not by default
+MODES = tuple(m for m in mode_table() if m not in BOUNDS)
 
 
 # The request policies under phase-shift placement ask the placer the same questions until their
