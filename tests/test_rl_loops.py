@@ -14,11 +14,11 @@ import pytest
 from plexrl.models.tiny import make_tiny_model
 from plexrl.rl.codec import Codec
 from plexrl.rl.job import Job
-from plexrl.rl.rollout import Episode, policy_datum, rollout
+from plexrl.rl.rollout import Episode, policy_datum, replies, rollout
 from plexrl.rl.spec import JobSpec
 from plexrl.rl.train import CONTROLLER_NICE, controllers, run_job
 from plexrl.engines.local import LocalCluster
-from plexrl.tasks import ToolUseTask
+from plexrl.tasks import AdditionTask, ToolUseTask
 from plexrl.types import ModelInput, SamplingParams
 
 
@@ -56,6 +56,39 @@ def test_multi_turn_episode_marks_only_model_tokens_as_sampled(model):
     sampled = "".join(codec.decode([t]) for t, lp in zip(episode.tokens, episode.logprobs) if lp is not None)
     assert sampled == f"calc({a}*{b})\n{a * b}\n", "prompt and tool output must never be trained on"
     assert episode.reward == 1.0 and episode.done
+
+
+class TogetherToolTask(ToolUseTask):
+    """The tool task whose calls each wait until `parties` of them are in flight (a barrier that
+    gives up after 10 s): asked for one after another, they could never all be."""
+
+    def __init__(self, parties: int):
+        super().__init__(tool="calculator", latency_s=0.0)
+        self.barrier = threading.Barrier(parties, timeout=10)
+
+    def respond(self, problem, turns):
+        self.barrier.wait()
+        return super().respond(problem, turns)
+
+
+def test_one_turns_tool_calls_go_out_together_and_reply_in_order(model):
+    """A turn's environment calls are in flight at once (the agentic controller's tool calls to
+    the sandbox service), and each episode gets its own reply, as asked for one by one."""
+    from plexrl.types import SampledSequence
+
+    codec, plain = Codec.from_model(model), ToolUseTask(tool="calculator", latency_s=0.0)
+    problems = [plain.sample_problem(np.random.default_rng(i)) for i in range(6)]
+    episodes = []
+    for problem in problems:
+        episode = Episode.start(codec, problem)
+        call = plain.demonstration(problem)[0][0]
+        ids = codec.encode(call + "\n")
+        episode.add_sample(codec, SampledSequence(ids, [-0.5] * len(ids), "stop"))
+        episodes.append(episode)
+    together = replies(TogetherToolTask(len(episodes)), episodes)
+    assert together == [episode.reply(plain) for episode in episodes]
+    assert together == [f">{a * b}\n" for a, b in (p.numbers for p in problems)]
+    assert replies(AdditionTask(), episodes) == [None] * len(episodes)  # single-turn: nothing to ask
 
 
 def test_policy_datum_places_advantages_on_sampled_tokens(model):

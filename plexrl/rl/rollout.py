@@ -5,12 +5,17 @@ sampler's log-prob) and environment replies (written: log-prob None). Every turn
 episode is sampled with an explicit seed derived from (job seed, step, round, turn, index), so a
 job's rollouts are a function of its weights and seeds alone, whoever else shares the devices.
 Tool calls and reward checks run here, in the job's controller, while its model waits: that is
-the device-idle time the multiplexed runtime hands to other jobs.
+the device-idle time the multiplexed runtime hands to other jobs. The environment's replies to one
+turn's episodes are asked for together (`replies`: threads, at most `CALLS_IN_FLIGHT` at once), as
+an agentic RL controller sends its tool calls to the sandbox service, so a turn waits for its
+slowest call, not for the sum of them; each reply is a function of its episode alone, so the
+order they come back in changes nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,11 +55,22 @@ class Episode:
         return np.array([lp for lp in self.logprobs if lp is not None], dtype=np.float64)
 
     def add_turn(self, codec: Codec, task: Task, sequence: SampledSequence) -> None:
+        """The model's turn, then the environment's reply to it (`add_sample`, `add_reply`)."""
+        self.add_sample(codec, sequence)
+        self.add_reply(codec, self.reply(task))
+
+    def add_sample(self, codec: Codec, sequence: SampledSequence) -> None:
+        """The model's turn: its sampled tokens, closed with the turn's end if it was cut off."""
         self._append(sequence.tokens, sequence.logprobs)
         if not sequence.tokens or sequence.tokens[-1] != codec.turn_end:
             self._append([codec.turn_end], [None])  # cut off at max_tokens: close the turn
         self.turns.append(codec.decode(sequence.tokens).split(TURN_END)[0])
-        reply = task.respond(self.problem, self.turns) if len(self.turns) < task.max_turns else None
+
+    def reply(self, task: Task) -> str | None:
+        """The environment's reply to the turns so far; None when the episode is over."""
+        return task.respond(self.problem, self.turns) if len(self.turns) < task.max_turns else None
+
+    def add_reply(self, codec: Codec, reply: str | None) -> None:
         if reply is None:
             self.done = True
         else:
@@ -75,10 +91,27 @@ def rollout(sampler, codec: Codec, task: Task, problems: list[Problem], group_si
         if not live:
             break
         for episode, sequence in zip(live, _sample_turn(sampler, live, turn, group_size, params, seed_parts)):
-            episode.add_turn(codec, task, sequence)
+            episode.add_sample(codec, sequence)
+        for episode, reply in zip(live, replies(task, live)):
+            episode.add_reply(codec, reply)
     for episode in episodes:
         episode.reward = float(task.reward(episode.problem, episode.turns))
     return episodes
+
+
+CALLS_IN_FLIGHT = 16  # one turn's environment calls sent at once (a step's tool calls in the demo)
+
+
+def replies(task: Task, episodes: list[Episode]) -> list[str | None]:
+    """Each episode's reply to its latest turn (`Episode.reply`), asked for together: a task
+    whose episodes get one (a multi-turn task before its last turn) has its calls in flight at
+    once, at most `CALLS_IN_FLIGHT`, from threads this controller starts (so they run at its
+    priority). A single-turn task, or a turn that is the last, asks for nothing."""
+    asking = sum(len(episode.turns) < task.max_turns for episode in episodes)
+    if asking <= 1:
+        return [episode.reply(task) for episode in episodes]
+    with ThreadPoolExecutor(min(asking, CALLS_IN_FLIGHT), thread_name_prefix="plexrl-env") as pool:
+        return list(pool.map(lambda episode: episode.reply(task), episodes))
 
 
 def _sample_turn(sampler, live: list[Episode], turn: int, group_size: int, params: SamplingParams,

@@ -5,6 +5,8 @@ replies. Every model turn ends with `TURN_END` (the sampler stops there); `respo
 environment's reply to the turns so far (`None` ends the episode) and `reward` grades the
 finished turns. Tasks are plain Python on the job side: they never see the model or the
 cluster, and a reward is always a float in [0, 1] — a malformed answer scores, it never raises.
+`respond` is called for several episodes at once, from several threads (an agentic controller's
+tool calls of one turn go out together: `rl.rollout.replies`), so it keeps no state of its own.
 `demonstration` is a correct episode as (model turn, environment reply) pairs, the warm-start
 (SFT) target; the replies are written out so that building SFT data runs no tools.
 """
