@@ -99,7 +99,10 @@ on two devices; a third waits while both others run. `plexrl demo` (three such j
 devices, profiles measured by the runtime with its waits cut out): predicted 19%/9%/6% against
 18%/15%/14% of the jobs' steps spent waiting for devices (the rest of their slowdown, 15-21
 points, is their calls and controllers running slower on a host whose two cores are the
-devices). The per-device search still places the job's copies on devices, for memory.
+devices; measured while the tool job's controller still asked for its tool calls one after
+another, so its devices idled more: with them sent together the three jobs ask for ~2.3 devices
+of 2 and wait 26-49% of their steps, README "Commands"). The per-device search still places the
+job's copies on devices, for memory.
 
 Packing when it pays (ours). A job's slack is what it tolerates, not what the placer should
 fill: sharing devices trades the tenants' speed for the newcomer's start. Take a newcomer of
