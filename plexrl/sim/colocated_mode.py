@@ -37,8 +37,8 @@ class ColocatedMode(Mode):
 
 class AloneMode(ColocatedMode):
     """A bound, not a schedule: every job on GPUs of its own from its arrival, however many the
-    jobs ask for at once (the cluster's size limits nothing else: node groups are not
-    modelled here either). No job queues or shares, so no mode whose jobs never run faster
+    jobs ask for at once (colocated's placement without its limit on GPUs, and like it counting
+    GPUs cluster-wide). No job queues or shares, so no mode whose jobs never run faster
     than alone completes more steps by a horizon, a lower mean JCT, or a shorter makespan
     (then the report's `makespan_floor_s`): `plexrl sim W --modes colocated,plexrl,alone`
     shows how much of that headroom a mode takes. Its figures that divide by the cluster's
