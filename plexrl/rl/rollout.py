@@ -66,9 +66,13 @@ class Episode:
             self._append([codec.turn_end], [None])  # cut off at max_tokens: close the turn
         self.turns.append(codec.decode(sequence.tokens).split(TURN_END)[0])
 
+    def awaits_reply(self, task: Task) -> bool:
+        """Whether the environment answers its latest turn (a turn before the task's last)."""
+        return len(self.turns) < task.max_turns
+
     def reply(self, task: Task) -> str | None:
         """The environment's reply to the turns so far; None when the episode is over."""
-        return task.respond(self.problem, self.turns) if len(self.turns) < task.max_turns else None
+        return task.respond(self.problem, self.turns) if self.awaits_reply(task) else None
 
     def add_reply(self, codec: Codec, reply: str | None) -> None:
         if reply is None:
@@ -107,7 +111,7 @@ def replies(task: Task, episodes: list[Episode]) -> list[str | None]:
     whose episodes get one (a multi-turn task before its last turn) has its calls in flight at
     once, at most `CALLS_IN_FLIGHT`, from threads this controller starts (so they run at its
     priority). A single-turn task, or a turn that is the last, asks for nothing."""
-    asking = sum(len(episode.turns) < task.max_turns for episode in episodes)
+    asking = sum(episode.awaits_reply(task) for episode in episodes)
     if asking <= 1:
         return [episode.reply(task) for episode in episodes]
     with ThreadPoolExecutor(min(asking, CALLS_IN_FLIGHT), thread_name_prefix="plexrl-env") as pool:
