@@ -200,3 +200,36 @@ def test_a_sample_is_refused_when_its_kv_cache_cannot_fit_beside_its_model(tiny_
                 call.result(5)
         else:
             assert len(call.result(120).sequences) == num
+
+
+def test_a_plan_for_a_resident_state_is_the_one_the_full_view_gives(tiny_model):
+    """`StateManager.prepare` answers a state resident on the device asked for without building the
+    view of every state (the dispatcher's common case): its plan is the one `plan_load` gives from
+    that view, for every state and device, and so is its refusal once the arena is too small."""
+    from plexrl.policy import plan_load
+
+    with plexrl.LocalCluster(devices=2, device_memory_bytes=16 * MiB, host_memory_bytes=128 * MiB) as c:
+        trainer = c.service_client(job="a").create_training_client(tiny_model)
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+        sampler = trainer.save_weights_and_get_sampling_client()
+        sampler.sample(plexrl.ModelInput.from_ints([5, 6]), 1,
+                       plexrl.SamplingParams(max_tokens=2, seed=1)).result(TIMEOUT_S)
+        node = node_of(c)
+        sm, pending = node.sm, node.group.pending
+        resident = {sid: s.device for sid, s in sm.states.items() if s.device is not None}
+        assert resident, "the calls left states resident"
+        with node.changed:
+            for sid in sorted(sm.states):
+                for device in (0, 1):
+                    expected = plan_load(sm.view(pending), sid, device)
+                    plan = sm.prepare(sid, device, sm.states[sid].job, pending)
+                    assert plan == expected, (sid, device)
+                    sm.release(plan, 0.0)
+            sid, device = next(iter(resident.items()))
+            arena = sm.arenas[device]
+            capacity, arena.capacity_bytes = arena.capacity_bytes, sm.states[sid].device_bytes - 4
+            try:
+                expected = plan_load(sm.view(pending), sid, device)
+                assert not isinstance(expected, type(plan)) and expected == sm.prepare(sid, device, "a", pending)
+            finally:
+                arena.capacity_bytes = capacity

@@ -101,6 +101,8 @@ class BesideStates:
 
 def host_side_end(plan: LoadPlan) -> int:
     """Steps before this index make host room or restore (run under the lock, in `prepare`)."""
+    if not plan.transitions:
+        return 0
     kinds = [t.kind for t in plan.transitions]
     return max((i + 1 for i, k in enumerate(kinds) if k in HOST_SIDE), default=0)
 
@@ -314,7 +316,9 @@ class StateManager:
                     return room
                 plan = LoadPlan(state_id, -1, -1, (*room, Transition(TransitionKind.RESTORE, state_id, state.host_bytes)))
         else:
-            plan = plan_load(self.view(pending), state_id, device)
+            plan = self._resident(state, device)
+            if plan is None:
+                plan = plan_load(self.view(pending), state_id, device)
         if isinstance(plan, NoFit):
             return plan
         for t in plan.transitions[: host_side_end(plan)]:
@@ -324,6 +328,16 @@ class StateManager:
             if t.kind is TransitionKind.OFFLOAD:
                 self.states[t.state_id].busy = True
         return plan
+
+    def _resident(self, state: ModelState, device: int) -> LoadPlan | None:
+        """What `plan_load` answers for a state already resident on `device` within its budget
+        (most calls: a device runs its resident state again), without building the view of
+        every state on the node that `plan_load` reads; None for any other case."""
+        if state.tier is not Tier.DEVICE or state.device != device:
+            return None
+        if state.device_bytes > min(self.arenas[device].capacity_bytes, self.arena_bytes()):
+            return None  # `plan_load` says why it does not fit
+        return LoadPlan(state.state_id, device, state.offset or 0)
 
     def prepare_prefetch(self, state_id: str, device: int, running: LoadPlan, pending: Pending) -> LoadPlan | None:
         """Under the lock, right after `prepare(running)`: plan loading `state_id` onto `device`
