@@ -3,14 +3,17 @@
 Checked: calls run in order and return their values; the object's exceptions come back and it
 carries on; a process that dies fails the call in flight with WorkerGone and is restarted with
 the same constructor arguments; a process engine that exits without close() leaves nothing in
-/dev/shm (host buffers are RAM).
+/dev/shm (host buffers are RAM); arguments and replies travel as cloudpickle would send them
+(by value where the child could not rebuild them by reference), by the C pickler where that is the same.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import cloudpickle
@@ -95,3 +98,54 @@ def test_arguments_the_child_cannot_rebuild_fail_that_call_only(counter):
     with pytest.raises(RuntimeError, match="could not be rebuilt in the worker process"):
         counter.add.remote(_Unbuildable()).result(TIMEOUT_S)
     assert counter.add.remote(1).result(TIMEOUT_S) == 11 and counter.restarts == 0, "the child lived on"
+
+
+# -- how arguments and replies travel (`hosting.dumps`) ----------------------------------------------
+def test_plain_data_travels_as_the_c_pickler_writes_it():
+    from plexrl.runtime.device_worker import WorkerStep
+    from plexrl.policy import TransitionKind
+
+    message = ([WorkerStep(TransitionKind.OFFLOAD, "job/model", dirty=True)], "sample",
+               {"tokens": [1, 2, 3], "seed": 7, "temperature": 0.7}, "job/model@sampler.v1", [])
+    assert hosting.dumps(message) == pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    assert pickle.loads(hosting.dumps(message)) == message
+
+
+def test_what_the_pickler_refuses_travels_by_value():
+    scale = 3
+    closure = lambda x: scale * x  # noqa: E731  (the pickler refuses lambdas and closures)
+    with pytest.raises(Exception):
+        pickle.dumps(closure)
+    assert pickle.loads(hosting.dumps(closure))(5) == 15
+
+
+def test_a_module_registered_by_value_travels_by_value(monkeypatch):
+    module = types.ModuleType("plexrl_test_by_value")
+    exec("def double(x):\n    return 2 * x\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        data = hosting.dumps({"loss": module.double})
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    monkeypatch.delitem(sys.modules, module.__name__)  # where it is rebuilt, nobody can import it
+    assert pickle.loads(data)["loss"](21) == 42
+
+
+def test_what_main_defines_reaches_the_child_by_value(tmp_path):
+    """A custom loss in the user's script: the pickler would name `__main__.triple`, which the
+    child (whose `__main__` is hosting.py) does not have."""
+    script = (
+        "from plexrl.engines import hosting\n"
+        "class Box:\n"
+        "    def apply(self, fn, x):\n"
+        "        return fn(x)\n"
+        "def triple(x):\n"
+        "    return 3 * x\n"
+        "actor = hosting.ProcessActor(Box, (), 'box')\n"
+        "print(actor.apply.remote(triple, 5).result(60))\n"
+        "actor.kill()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "15"

@@ -124,7 +124,7 @@ class ProcessActor:
         call_id = next(self._ids)
         # The arguments travel as a blob of their own (by value: closures and custom losses too), so
         # that arguments the child cannot rebuild fail that call, never the child's loop.
-        message = pickle.dumps((call_id, name, cloudpickle.dumps(args)))
+        message = pickle.dumps((call_id, name, dumps(args)))
         with self._lock:
             if self._killed:
                 future.set_exception(WorkerGone(f"{self.name} was shut down"))
@@ -166,6 +166,21 @@ class ProcessActor:
         self._process.wait()
 
 
+def dumps(obj: Any) -> bytes:
+    """`obj` pickled with cloudpickle's meaning, by the C pickler where that is the same (plain
+    data and whatever lives in an importable module: both pickle those by reference), ~5x faster
+    than cloudpickle; by cloudpickle where it is not: what the pickler refuses (closures, lambdas,
+    local classes) and what a stream names from `__main__` (the child's `__main__` is this module)
+    or from a module registered to travel by value. A name found in the stream's data rather than
+    in a reference only costs the faster path."""
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # what only cloudpickle pickles (or nothing does: then it says why)
+        return cloudpickle.dumps(obj)
+    by_value = ("__main__", *cloudpickle.list_registry_pickle_by_value())
+    return cloudpickle.dumps(obj) if any(name.encode() in data for name in by_value) else data
+
+
 def _serve(conn: Connection) -> None:
     """The child's loop: build the object, then answer calls until the pipe closes."""
     cls, args = pickle.loads(conn.recv_bytes())
@@ -188,7 +203,7 @@ def _serve(conn: Connection) -> None:
         except Exception as exc:  # the caller's error: it travels back, the worker carries on
             reply = (call_id, False, exc)
         try:
-            data = cloudpickle.dumps(reply)
+            data = dumps(reply)
         except Exception as exc:
             data = pickle.dumps((call_id, False, RuntimeError(f"{name} returned something that cannot be "
                                                               f"sent back: {type(exc).__name__}: {exc}")))
