@@ -186,3 +186,18 @@ def test_an_fp32_cluster_on_cuda_keeps_float32_matmuls_ieee(tiny_model):
         trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
         assert not torch.backends.cuda.matmul.allow_tf32, "precision='fp32' ran float32 matmuls at TF32"
         assert not torch.backends.cudnn.allow_tf32, "precision='fp32' left cuDNN's TF32 on"
+
+
+def test_clusters_one_after_another_in_one_process_page_lock_their_buffers(tiny_model):
+    """A closed cluster's workers unregister their host mappings: one that did not left the driver
+    holding the addresses, and the next cluster's mapping there failed with CUDA error 712
+    ("already mapped"; an H100, 2026-12-06). The local engine's workers live in this process."""
+    from plexrl.engines.local import LocalCluster
+
+    for round_ in range(3):
+        with LocalCluster(devices=1, torch_device="cuda", precision="fp32") as cluster:
+            trainer = cluster.service_client(f"j{round_}").create_training_client(tiny_model)
+            trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+            worker = cluster.workers[0].target
+            assert worker._mapped, "the trainer's host buffer is mapped (and page-locked) while it is resident"
+        assert not worker._mapped and worker.arena._buffer is None, "closing let every mapping and the arena go"

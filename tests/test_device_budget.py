@@ -180,6 +180,9 @@ def test_on_cuda_the_reserve_covers_a_forward_backward_of_the_probe_next_to_a_fu
         arena = cluster.workers[0].target.arena
         assert arena.capacity_bytes == budget - reserve - (budget - reserve) % 4
         assert math.isfinite(trainer.optim_step(plexrl.AdamParams()).result(TIMEOUT_S).metrics.get("grad_norm", 0.0))
+    # closed, the arena's memory is the device's again, not PyTorch's cache in this process: a
+    # process engine's workers started next (tests/test_read_replicas.py) ran out of memory beside it
+    assert torch.cuda.memory_reserved() < 1024 * MiB
 
 
 @pytest.mark.parametrize("precision, itemsize", [("fp32", 4), ("bf16", 2)])
@@ -233,3 +236,13 @@ def test_a_plan_for_a_resident_state_is_the_one_the_full_view_gives(tiny_model):
                 assert not isinstance(expected, type(plan)) and expected == sm.prepare(sid, device, "a", pending)
             finally:
                 arena.capacity_bytes = capacity
+
+
+def test_a_closed_cluster_s_workers_hold_no_mapping_state_or_arena(tiny_model):
+    with plexrl.LocalCluster(devices=2, device_memory_bytes=16 * MiB, host_memory_bytes=128 * MiB) as c:
+        trainer = c.service_client(job="a").create_training_client(tiny_model)
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
+        workers = [w.target for w in c.workers.values()]
+        assert any(w._mapped for w in workers) and any(w.arena._buffer is not None for w in workers)
+    for worker in workers:
+        assert not worker._mapped and not worker.states and worker.arena._buffer is None

@@ -240,7 +240,21 @@ class DeviceWorker:
         self.samplers.forget(state_id)
 
     def close(self) -> None:
-        """Stop this worker's vLLM engine processes (the cluster is closing)."""
+        """The cluster is closing: stop this worker's vLLM engine processes and let go of what it
+        holds. Its host mappings are unregistered first (on CUDA a page-locked range whose memory
+        is unmapped stays registered in the driver, and a later mapping at those addresses cannot
+        be page-locked: error 712, "already mapped", in the next cluster of the same process, as
+        the local engine's workers live in the caller's), then its states and arena go (on CUDA
+        the memory returns to the device instead of staying in PyTorch's cache, where other
+        processes could not have it)."""
+        with self._lock:
+            for state_id in list(self._mapped):
+                self._unmap(state_id)
+            for state in self.states.values():  # their views into the arena would keep it alive
+                state.unbind()
+                state._resident, state.host = None, None
+            self.states.clear()
+            self.arena.resize(self.arena.capacity_bytes)
         self.samplers.close()
 
     # -- transitions ------------------------------------------------------------------------------
