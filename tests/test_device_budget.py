@@ -238,6 +238,18 @@ def test_a_plan_for_a_resident_state_is_the_one_the_full_view_gives(tiny_model):
                 arena.capacity_bytes = capacity
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_on_cuda_the_reserve_is_activations_not_a_copy_of_the_gradients(tmp_path):
+    """The probe runs twice (the first run's one-off workspaces are not the model's); the second
+    forward_backward must start from zero gradients as the first did, or it counts the copy of
+    them that adding onto non-zero gradients keeps: a model's size, not its activations."""
+    model = make_tiny_model(tmp_path / "m", hidden_size=1024, num_layers=4, num_heads=16)
+    gradient_bytes = 4 * sum(p.numel() for p in load_module(str(model)).parameters())
+    reserve = measure_reserve(load_module(str(model)), 32, "cuda")
+    assert 0 < reserve < gradient_bytes, f"reserve {reserve:,} of a 32-token probe; gradients {gradient_bytes:,}"
+
+
 def test_a_closed_cluster_s_workers_hold_no_mapping_state_or_arena(tiny_model):
     with plexrl.LocalCluster(devices=2, device_memory_bytes=16 * MiB, host_memory_bytes=128 * MiB) as c:
         trainer = c.service_client(job="a").create_training_client(tiny_model)

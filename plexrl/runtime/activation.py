@@ -16,7 +16,7 @@ and taking the larger of their peaks beyond the copy's own weights and gradients
 How a peak is measured:
 - CUDA: the caching allocator's peak of reserved memory less what it held before the probe
   (`reset_peak_memory_stats`, `max_memory_reserved`): what the process really took from the device.
-  The probe runs once unmeasured first. A process's first matmuls create the cuBLAS and cuBLASLt
+  The probe runs once unmeasured first, each forward_backward from zero gradients. A process's first matmuls create the cuBLAS and cuBLASLt
   workspaces through the same allocator and keep them for the life of the process (about 64 MiB
   on an H200 with torch 2.11): measured cold, they were counted as the first model's reserve
   (71.3 MB for a 2.3 MB model in a fresh process, 6.3 MB in one that had run CUDA work). After
@@ -32,7 +32,10 @@ Out of scope: calls larger than the probe (a forward_backward of more tokens nee
 `activation_probe_tokens` to the largest batch a job sends); what a device process holds once
 whatever it runs (the CUDA context, outside torch's allocator; the libraries' workspaces, above),
 which sits beside the budget, so device_memory_bytes must leave room for it; LoRA states are
-measured on their full-parameter base (their adapters' own intermediates are rank-sized).
+measured on their full-parameter base (their adapters' own intermediates are rank-sized); a
+forward_backward that adds onto non-zero gradients (several before an optim_step) also keeps a
+copy of them while it runs, 4 bytes per trainable parameter (execution.checked_backward), which a
+budget for such jobs must leave room for beside the reserve.
 """
 
 from __future__ import annotations
@@ -58,7 +61,10 @@ def measure_reserve(template: torch.nn.Module, tokens: int | None, torch_device:
     datums = [Datum(ModelInput.from_ints(row[:-1]), {"target_tokens": row[1:], "weights": [1.0] * length})
               for row in ids]
 
-    def fb():
+    def fb():  # from zero gradients each time: the runs are repeated, and a forward_backward onto
+        # non-zero ones also keeps a copy of them (execution.checked_backward), which is not its
+        # activations (counted, a 512 MB model's reserve on a 32-token probe was 589 MB on an H100)
+        flat[flat.numel() // 2:].zero_()  # the copy's gradients: trainable_copy's second half
         execution.forward_backward(probe, datums, "cross_entropy")
 
     def sample():  # max_tokens=2: the decode step runs on the cache of every sequence
