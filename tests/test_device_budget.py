@@ -9,7 +9,11 @@ largest model hosted, the vLLM engines' shares and the shared LoRA bases.
 - a reserve set by hand is used as it is;
 - a state sampled on vLLM keeps its engine's share of the device (no engine is started for that);
 - a model with a larger reserve added later shrinks the arenas: device copies are dropped, the
-  results stay bitwise those of before.
+  results stay bitwise those of before;
+- a plan for a state already resident on the device asked for (made without the view of every
+  state) is the one `plan_load` gives from that view;
+- a closed cluster's workers hold no host mapping, state or arena (on CUDA its memory is the
+  device's again); the CUDA reserve is activations, not a copy of the gradients.
 """
 
 from __future__ import annotations
@@ -209,7 +213,7 @@ def test_a_plan_for_a_resident_state_is_the_one_the_full_view_gives(tiny_model):
     """`StateManager.prepare` answers a state resident on the device asked for without building the
     view of every state (the dispatcher's common case): its plan is the one `plan_load` gives from
     that view, for every state and device, and so is its refusal once the arena is too small."""
-    from plexrl.policy import plan_load
+    from plexrl.policy import NoFit, plan_load
 
     with plexrl.LocalCluster(devices=2, device_memory_bytes=16 * MiB, host_memory_bytes=128 * MiB) as c:
         trainer = c.service_client(job="a").create_training_client(tiny_model)
@@ -233,7 +237,7 @@ def test_a_plan_for_a_resident_state_is_the_one_the_full_view_gives(tiny_model):
             capacity, arena.capacity_bytes = arena.capacity_bytes, sm.states[sid].device_bytes - 4
             try:
                 expected = plan_load(sm.view(pending), sid, device)
-                assert not isinstance(expected, type(plan)) and expected == sm.prepare(sid, device, "a", pending)
+                assert isinstance(expected, NoFit) and expected == sm.prepare(sid, device, "a", pending)
             finally:
                 arena.capacity_bytes = capacity
 
