@@ -28,15 +28,17 @@ def run(nbytes: int, rounds: int, tokens: int, device: str, prefetch: bool) -> d
     from plexrl.bench.switch import model_shape
     from plexrl.engines.local import LocalCluster
     from plexrl.models.tiny import make_tiny_model, parameter_count
+    from plexrl.runtime.activation import reserve_of
 
     with tempfile.TemporaryDirectory() as folder:
         width, layers = model_shape(nbytes)
         model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
                                 intermediate_size=round(2.75 * width))
         state_bytes = 4 * parameter_count(model)
-        # two states and the activation reserve fit: the reserve is measured on calls of this bench's
-        # size, and is below one state's size
-        with LocalCluster(devices=1, device_memory_bytes=state_bytes * 3 - (1 << 20), activation_probe_tokens=tokens,
+        # the arena holds two of the four states beside the activation reserve, measured here as the
+        # cluster will (on calls of this bench's size), whatever its size: half a state to spare
+        reserve = reserve_of(str(model), tokens, device)
+        with LocalCluster(devices=1, device_memory_bytes=reserve + state_bytes * 5 // 2, activation_probe_tokens=tokens,
                           host_memory_bytes=5 * state_bytes, torch_device=device, precision="fp32",
                           prefetch=prefetch, workdir=f"{folder}/cluster") as cluster:
             jobs = {job: [cluster.service_client(job).create_sampling_client(model, name=name)
@@ -55,7 +57,8 @@ def run(nbytes: int, rounds: int, tokens: int, device: str, prefetch: bool) -> d
             budget = cluster.metrics()["device_budget"][0]
     if budget["state_bytes"] // state_bytes != 2:
         raise RuntimeError(f"the arena holds {budget['state_bytes']:,} bytes of states, not two of {state_bytes:,} "
-                           f"(device budget {budget}); expected an activation reserve below one state's size")
+                           f"(device budget {budget}); expected the reserve measured beforehand ({reserve:,}) "
+                           "to be the cluster's")
     loads = [e for e in events if e["event"] == "transition" and e["kind"] == "load"]
     calls = [e for e in events if e["event"] == "end" and e.get("fn") == "compute_logprobs"]
     load_s = sum(e["seconds"] for e in loads)
