@@ -241,21 +241,16 @@ class DeviceWorker:
 
     def close(self) -> None:
         """The cluster is closing: stop this worker's vLLM engine processes and let go of what it
-        holds. Its host mappings are unregistered first (on CUDA a page-locked range whose memory
+        holds. Its host mappings are unregistered (on CUDA a page-locked range whose memory
         is unmapped stays registered in the driver, and a later mapping at those addresses cannot
         be page-locked: error 712, "already mapped", in the next cluster of the same process, as
         the local engine's workers live in the caller's), then its states and arena go (on CUDA
         the memory returns to the device instead of staying in PyTorch's cache, where other
         processes could not have it)."""
-        with self._lock:
-            for state_id in list(self._mapped):
-                self._unmap(state_id)
-            for state in self.states.values():  # their views into the arena would keep it alive
-                state.unbind()
-                state._resident, state.host = None, None
-            self.states.clear()
-            self.arena.resize(self.arena.capacity_bytes)
-        self.samplers.close()
+        self.samplers.close()  # first: a state let go of below then has no engine to put to sleep
+        for state_id in {*self.states, *self._mapped}:  # their views into the arena would keep it alive
+            self.forget(state_id)
+        self.arena.resize(self.arena.capacity_bytes)
 
     # -- transitions ------------------------------------------------------------------------------
     def _transition(self, step: WorkerStep) -> cuda.Span:

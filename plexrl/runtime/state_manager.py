@@ -146,13 +146,16 @@ class StateManager:
             pending=pending(s.state_id), last_used_s=s.last_used_s,
         )
 
-    def view(self, pending: Pending) -> ResidencyView:
+    def view(self, pending: Pending, only: ModelState | None = None) -> ResidencyView:
         """Each device's capacity: the net budget (`arena_bytes`), never more than its arena has
-        now (the node resizes arenas after the states it hosts change)."""
+        now (the node resizes arenas after the states it hosts change). `only`: the view of that
+        state alone (a plan for a state resident on the device asked for reads nothing else; the
+        dispatcher's common case, without building every state's info)."""
         beside = self.beside()
         net = self.budget() - beside.total
+        states = {only.state_id: only} if only is not None else self.states
         return ResidencyView(
-            states={sid: self.info(s, pending) for sid, s in self.states.items()},
+            states={sid: self.info(s, pending) for sid, s in states.items()},
             device_capacity={d: min(a.capacity_bytes, net) for d, a in self.arenas.items()},
             host_capacity=self.host_capacity - beside.shared_bytes,
         )
@@ -316,9 +319,8 @@ class StateManager:
                     return room
                 plan = LoadPlan(state_id, -1, -1, (*room, Transition(TransitionKind.RESTORE, state_id, state.host_bytes)))
         else:
-            plan = self._resident(state, device)
-            if plan is None:
-                plan = plan_load(self.view(pending), state_id, device)
+            resident = state.tier is Tier.DEVICE and state.device == device  # plan_load then reads it alone
+            plan = plan_load(self.view(pending, only=state if resident else None), state_id, device)
         if isinstance(plan, NoFit):
             return plan
         for t in plan.transitions[: host_side_end(plan)]:
@@ -328,16 +330,6 @@ class StateManager:
             if t.kind is TransitionKind.OFFLOAD:
                 self.states[t.state_id].busy = True
         return plan
-
-    def _resident(self, state: ModelState, device: int) -> LoadPlan | None:
-        """What `plan_load` answers for a state already resident on `device` within its budget
-        (most calls: a device runs its resident state again), without building the view of
-        every state on the node that `plan_load` reads; None for any other case."""
-        if state.tier is not Tier.DEVICE or state.device != device:
-            return None
-        if state.device_bytes > min(self.arenas[device].capacity_bytes, self.arena_bytes()):
-            return None  # `plan_load` says why it does not fit
-        return LoadPlan(state.state_id, device, state.offset or 0)
 
     def prepare_prefetch(self, state_id: str, device: int, running: LoadPlan, pending: Pending) -> LoadPlan | None:
         """Under the lock, right after `prepare(running)`: plan loading `state_id` onto `device`
