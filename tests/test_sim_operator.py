@@ -78,3 +78,46 @@ def test_the_delay_injected_into_a_step_is_its_time_beyond_solo():
     for r in result.records:
         assert delays[r.name] == pytest.approx(sum(r.step_times) - r.solo_s, abs=1e-6)
         assert delays[r.name] >= -1e-9
+
+
+def test_stranded_gpus_count_the_cluster_left_unheld_while_jobs_wait():
+    """16 GPUs. `a` holds 0-7 over [0, 10); `b` arrives at 2 and waits until 10, then holds 0-7;
+    `c` shares 4-11 with it over [10, 20) (a GPU shared counts once); `d` arrives at 12 and never
+    gets a place. Waiting: [2, 10) with 8 GPUs held (8 free) and [12, 30) with 12 held (4 free)."""
+    from plexrl.sim.report import stranded_gpus
+    from plexrl.sim.runner import JobRecord, ModeResult
+
+    def record(name, arrival, placed, finished, devices):
+        return JobRecord(name, len(devices), arrival, placed, finished, 1, [1.0], 0.0, 0.0, 0, 0,
+                         placed=placed, devices=tuple(devices))
+
+    result = ModeResult("m", 16, [record("a", 0.0, 0.0, 10.0, range(8)), record("b", 2.0, 10.0, 25.0, range(8)),
+                                  record("c", 10.0, 10.0, 20.0, range(4, 12)), record("d", 12.0, None, None, ())],
+                        30.0, 0, 0.0, 0.0, 0.0)
+    stranded = 8 * 8 + 4 * (20 - 12) + 8 * (25 - 20) + 16 * (30 - 25)
+    hours, share = stranded_gpus(result)
+    assert hours == pytest.approx(stranded / 3600)
+    assert share == pytest.approx(stranded / (16 * (8 + 18)))
+    nobody_waits = ModeResult("m", 16, [record("a", 0.0, 0.0, 10.0, range(8))], 10.0, 0, 0.0, 0.0, 0.0)
+    assert stranded_gpus(nobody_waits) == (0.0, None)
+
+
+def test_stranded_gpus_of_a_run_match_a_sampled_count(out):
+    """On the small workload (its jobs queue): the report's figure against counting held GPUs
+    and waiting jobs at 2,000 instants; a placed PlexRL job holds its GPUs from its placement,
+    so its phase shift is no wait."""
+    import numpy as np
+
+    for mode, run in out["runs"].items():
+        times = (np.arange(2000) + 0.5) * run.end_s / 2000
+        free, waiting = [], []
+        for t in times:
+            held = {d for r in run.records if r.placed is not None and r.placed <= t
+                    < (r.finished if r.finished is not None else run.end_s) for d in r.devices}
+            free.append(run.cluster_gpus - len(held))
+            waiting.append(any(r.arrival <= t and (r.placed is None or t < r.placed) for r in run.records))
+        free, waiting = np.array(free), np.array(waiting)
+        assert waiting.any(), f"{mode}: the workload must queue"
+        sampled = (free * waiting).sum() / (run.cluster_gpus * waiting.sum())
+        assert out["results"][mode]["stranded_gpu_share"] == pytest.approx(sampled, abs=0.02)
+        assert all(r.placed <= r.started for r in run.records if r.started is not None)

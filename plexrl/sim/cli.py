@@ -120,7 +120,8 @@ USER_TABLES = (
                       ("p99", "queue_delay_p99_s"), ("util", "utilization"), ("switch share", "switch_overhead_share")]),
     ("the operator's side", [("steps", "steps"), ("JCT mean h", "jct_mean_s"),
                              ("cluster GPU-h/step", "cluster_gpu_hours_per_step"),
-                             ("capacity vs colocated", "capacity_vs_colocated")]),
+                             ("capacity vs colocated", "capacity_vs_colocated"),
+                             ("free while queued", "stranded_gpu_share")]),
     ("the placer's inflation model: predicted vs realised",
      [("predicted", "inflation_predicted_mean"), ("realised", "inflation_realised_mean"), ("MAE", "inflation_mae"),
       ("MAE shared", "inflation_mae_shared"), ("jobs shared", "jobs_shared")]),
@@ -131,7 +132,7 @@ SEED_TABLES = (
                         ("worst p95", "slowdown_p95_max"), ("in slack min", "within_slack_min")]),
     ("work", [("steps mean", "steps_mean"), ("capacity mean", "capacity_vs_colocated_mean"),
               ("JCT mean h", "jct_mean_s_mean"), ("makespan mean h", "makespan_s_mean"),
-              ("MAE mean", "inflation_mae_mean")]),
+              ("free while queued", "stranded_gpu_share_mean"), ("MAE mean", "inflation_mae_mean")]),
 )
 
 

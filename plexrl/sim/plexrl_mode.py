@@ -150,6 +150,7 @@ class PlexRLMode(Mode):
         for state in states_of(job.spec):
             self.attach(job, state, workers)
         self.forecasts[job.name] = Forecast(self.loop.now)
+        job.placed = self.loop.now
         self._cotenants_changed(self._cotenants(job) | {job.name})
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
 

@@ -10,7 +10,8 @@ not finish counts its completion time (queueing + run) up to the end of the run.
 
 The operator's figures (DESIGN §7): steps completed, mean job completion time, cluster
 GPU-hours per completed step (every GPU of the cluster over the run, busy or not) and
-`capacity_vs_colocated`, steps per cluster GPU-hour relative to colocated's.
+`capacity_vs_colocated`, steps per cluster GPU-hour relative to colocated's, and the share of
+the cluster no job held while jobs waited for a place (`stranded_gpus`).
 Co-tenancy (PlexRL modes): per job the placer's predicted step inflation (averaged over the
 steps of its placement, `Forecast`) against the realised one (its steps' time over their solo time, minus 1), and
 their mean absolute error, over all placed jobs and over the jobs that shared a GPU.
@@ -85,6 +86,42 @@ def cluster_gpu_hours_per_step(result: ModeResult) -> float:
     return result.cluster_gpus * result.end_s / 3600 / steps if steps else float("inf")
 
 
+def stranded_gpus(result: ModeResult) -> tuple[float, float | None]:
+    """(GPU-hours, share) of the cluster's GPUs that no job held while jobs waited for a place:
+    the integral, over the times at least one job had arrived and was not yet placed, of the
+    cluster's GPUs less those held by a placed job (each GPU once, however many jobs share it),
+    and that over the cluster's GPU-time in those stretches (None when no job ever waited). A
+    job holds its GPUs from its placement (a PlexRL job's phase shift is its own wait, not the
+    queue's). What a mode leaves unused for want of a fit: GPUs free but too few in one place
+    for a waiting job (a node group's fragments), or left free because sharing them would break
+    a job's slack."""
+    changes: list[tuple[float, int, tuple[int, ...]]] = []  # (time, +1 / -1, GPUs held; () for a wait)
+    for r in result.records:
+        placed = r.placed if r.placed is not None else r.started
+        if placed is None:
+            changes += [(r.arrival, 1, ()), (result.end_s, -1, ())]
+            continue
+        if placed > r.arrival:
+            changes += [(r.arrival, 1, ()), (placed, -1, ())]
+        changes += [(placed, 1, r.devices), (r.finished if r.finished is not None else result.end_s, -1, r.devices)]
+    changes.sort(key=lambda c: c[0])
+    holders: dict[int, int] = {}  # GPU -> placed jobs on it
+    waiting, stranded, queued_gpu_s, t = 0, 0.0, 0.0, 0.0
+    for when, sign, gpus in changes:
+        when = min(when, result.end_s)
+        if waiting > 0 and when > t:
+            queued_gpu_s += result.cluster_gpus * (when - t)
+            stranded += max(result.cluster_gpus - len(holders), 0) * (when - t)
+        t = when
+        if not gpus:
+            waiting += sign
+        for g in gpus:
+            holders[g] = holders.get(g, 0) + sign
+            if holders[g] == 0:
+                del holders[g]
+    return stranded / 3600, (stranded / queued_gpu_s if queued_gpu_s > 0 else None)
+
+
 def within_slack(result: ModeResult, baseline: ModeResult) -> float | None:
     """Share of the jobs that ran a step whose mean slowdown against colocated is within their slack."""
     base = {r.name: r.mean_step_s for r in baseline.records if r.step_times}
@@ -116,6 +153,7 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
     jct = completion_times(result)
     span = makespan_s(result)
     cluster_cost, base_cluster_cost = cluster_gpu_hours_per_step(result), cluster_gpu_hours_per_step(baseline)
+    stranded_hours, stranded_share = stranded_gpus(result)
     return {
         "gpu_hours_per_step": cost,
         "cost_reduction_vs_colocated": cost_reduction(result, baseline),
@@ -134,6 +172,8 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
         "cluster_gpu_hours_per_step": cluster_cost,
         "capacity_vs_colocated": base_cluster_cost / cluster_cost if cluster_cost > 0 else 0.0,
         "within_slack": within_slack(result, baseline),
+        "stranded_gpu_hours": stranded_hours,
+        "stranded_gpu_share": stranded_share,
         **cotenancy(result),
         "events": result.events,
         "wall_s": result.wall_s,

@@ -61,6 +61,7 @@ class SimJob:
     costs: JobCosts
     arrival: float
     workers: dict[str, list[SimWorker]] = field(default_factory=dict)  # state -> its GPUs, replicas contiguous
+    placed: float | None = None  # when its GPUs became its own (PlexRL: placed; it starts after its phase shift)
     started: float | None = None
     finished: float | None = None
     step: int = 0
@@ -154,6 +155,8 @@ class Service:
     # --- controllers --------------------------------------------------------------------------
     def start(self, job: SimJob) -> None:
         job.started = self.loop.now
+        if job.placed is None:
+            job.placed = job.started
         self._begin_step(job)
 
     def _begin_step(self, job: SimJob) -> None:

@@ -169,7 +169,7 @@ def over_seeds(workload: Workload, cluster: Cluster, seeds: int, modes: tuple[st
             "slowdown_p95_max": max(r["slowdown_p95"] for r in rows),
             **_spread(rows, "steps", "capacity_vs_colocated", "jct_mean_s", "makespan_s", "makespan_floor_s",
                       "queue_delay_p99_s",
-                      "within_slack", "inflation_mae", "inflation_mae_shared"),
+                      "within_slack", "stranded_gpu_share", "inflation_mae", "inflation_mae_shared"),
         }
     return {"seeds": [workload.seed + k for k in range(seeds)], "modes": table, "runs": per_seed}
 
