@@ -97,7 +97,7 @@ def stranded_gpus(result: ModeResult) -> tuple[float, float | None]:
     a job's slack."""
     changes: list[tuple[float, int, tuple[int, ...]]] = []  # (time, +1 / -1, GPUs held; () for a wait)
     for r in result.records:
-        placed = r.placed if r.placed is not None else r.started
+        placed = r.placed  # set whenever the job started (`Service.start`)
         if placed is None:
             changes += [(r.arrival, 1, ()), (result.end_s, -1, ())]
             continue
