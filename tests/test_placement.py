@@ -409,6 +409,64 @@ def test_admission_refuses_duplicates_and_cancels():
     assert queue.release("a", 2.0) == [] and not queue.waiting
 
 
+def fragmented() -> tuple[AdmissionQueue, JobProfile]:
+    """Two groups of two devices, each with one device held by a job busy all the time (its
+    neighbour left), and a two-device job waiting: two free devices, in different groups."""
+    queue = AdmissionQueue(Placer(cluster(), horizon_slots=16, slot_s=1.0))
+    for name in ("a", "b", "c", "d"):
+        assert isinstance(queue.submit(job(name, (1,) * 8, devices=1), 0.0), Placement)
+    groups = {name: p.group for name, p in queue.placer.placements().items()}
+    assert groups == {"a": "pod0/g0", "b": "pod0/g0", "c": "pod0/g1", "d": "pod0/g1"}
+    queue.release("b", 1.0)
+    queue.release("c", 1.0)
+    wide = job("wide", ALWAYS)
+    assert isinstance(queue.submit(wide, 1.0), Wait)
+    return queue, wide
+
+
+def test_moving_a_job_at_its_step_boundary_lets_a_waiting_one_start():
+    """Defragmenting (`make_room`): a moves onto the free device of d's group, and the waiting
+    two-device job gets a's group whole; the queue records the admission at the move."""
+    queue, wide = fragmented()
+    moved, admission = queue.make_room("a", 2.0)
+    placements = queue.placer.placements()
+    assert moved == placements["a"] and moved.group == "pod0/g1" and moved.devices == (2,)  # c's, d has 3
+    assert admission.job == "wide" and admission.placement == placements["wide"]
+    assert admission.placement.group == "pod0/g0" and sorted(admission.placement.devices) == [0, 1]
+    assert admission.queueing_delay_s == 1.0 and not queue.waiting
+
+
+def test_a_move_that_lets_nobody_start_changes_nothing():
+    """A try whose newcomer still does not fit (host memory, here) is undone: the next decisions
+    are those of a placer never asked; and the pair is not tried again until a placement changes."""
+    queue, _ = fragmented()
+    untouched, _ = fragmented()
+    placer = queue.placer
+    too_big = job("too-big", ALWAYS, host=60 * GiB)  # two devices' worth of host: 120 GiB of a node's 100
+    assert placer.make_room("a", too_big, 2.0) is None
+    assert placer.placements() == untouched.placer.placements()
+    assert placer.overload_s() == untouched.placer.overload_s()
+    probe = job("probe", SQUARE)
+    assert placer.decide(probe, 3.0) == untouched.placer.decide(probe, 3.0)
+    assert placer._room_refused == {("a", "too-big"): placer._version}
+
+
+def test_a_job_sharing_its_devices_is_not_moved():
+    """`a` shares its device with a light tenant: it stays; `d`, alone, moves instead."""
+    queue = AdmissionQueue(Placer(cluster(), horizon_slots=16, slot_s=1.0))
+    for name in ("a", "b", "c", "d"):
+        queue.submit(job(name, (1,) * 8, devices=1), 0.0)
+    tenant = queue.submit(job("tenant", (0.05,) * 8, devices=1, slack=np.inf), 0.0)
+    assert tenant.devices == queue.placer.placements()["a"].devices  # every device taken: it shares a's
+    queue.release("b", 1.0)
+    queue.release("c", 1.0)
+    wide = job("wide", ALWAYS)
+    assert isinstance(queue.submit(wide, 1.0), Wait)
+    assert queue.placer.make_room("a", wide, 2.0) is None
+    moved, admission = queue.make_room("d", 2.0)
+    assert moved.group == "pod0/g0" and admission.placement.group == "pod0/g1"
+
+
 # -- the bench -----------------------------------------------------------------------------------
 
 

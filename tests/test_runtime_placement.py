@@ -241,3 +241,83 @@ def test_a_refused_replacement_says_why():
     assert not placer.jobs["guess"].guessed
     # no prediction to judge while its co-tenant is still a guess
     assert placed["inflation_predicted"] is None
+
+
+def test_a_job_moves_at_its_step_boundary_to_let_a_waiting_job_start():
+    """Defragmenting in the runtime: two node groups of two devices, one device of each held by a
+    job busy all the time; a two-device job waits. At `a`'s step boundary the placer moves `a`
+    onto the free device of the other group (its new placement comes back: the cluster migrates
+    it) and the waiting job's `admit` returns with `a`'s old group."""
+    from plexrl.policy import ResourceView
+    from plexrl.runtime.job_placer import JobPlacer
+
+    models = [ModelMemory("policy", MiB, MiB)]
+    placer = JobPlacer(ResourceView.uniform(1, 2, 1, 2, 64 * MiB, 256 * MiB), horizon_slots=64, slot_s=0.1,
+                       placement="phase-shift", profile_steps=1000)
+    clock = lambda: 1.0  # noqa: E731
+
+    def busy(job: str, devices: int = 1) -> JobProfile:
+        return JobProfile(job, period_s=0.8, demand=(devices,) * 8, devices=devices, models=tuple(models))
+
+    for job in ("a", "b", "c", "d"):
+        placer.admit(busy(job), 0.1, False, clock, 1.0)
+    placer.finish("b", 1.0)
+    placer.finish("c", 1.0)
+    admitted: list = []
+    waiter = threading.Thread(target=lambda: admitted.append(placer.admit(busy("wide", 2), 0.1, False, clock, 10.0)))
+    waiter.start()
+    for _ in range(500):  # bounded: until `wide` is in the queue
+        if placer.queue.waiting:
+            break
+        time.sleep(0.01)
+    assert [w.profile.job for w in placer.queue.waiting] == ["wide"]
+    old = placer.jobs["a"].placement
+    moved = placer.on_step("a", lambda: [], models, now=2.0)
+    waiter.join(10.0)
+    assert moved is not None and moved.group != old.group
+    assert admitted and admitted[0].group == old.group and set(old.devices) < set(admitted[0].devices)
+    summary = placer.summary(2.0)
+    assert summary["a"]["migrations"] == 1 and summary["a"]["group_name"] == moved.group
+    assert summary["wide"]["group_name"] == old.group
+
+
+def test_a_moved_job_migrates_and_the_waiting_job_starts_on_the_cluster(tiny_model):
+    """The same through a cluster: two nodes of two devices (a node group each), `a`..`d` busy
+    all the time on one device each; `b` and `c` leave, and `wide` (two devices) waits. `a`'s step
+    mark moves it: its trainer migrates to the other node and goes on training there, and `wide`
+    is admitted on the node `a` left."""
+    nbytes = state_bytes(tiny_model)
+
+    def busy(job: str, devices: int = 1) -> JobProfile:
+        return JobProfile(job, period_s=0.2, demand=(devices,) * 4, devices=devices,
+                          models=(ModelMemory("policy", nbytes, nbytes),))
+
+    with plexrl.LocalCluster(nodes=2, devices_per_node=2, device_memory_bytes=4 * nbytes + reserve_bytes(tiny_model),
+                             host_memory_bytes=8 * nbytes, slot_s=0.05, profile_steps=1000) as c:
+        clients = {job: c.service_client(job, profile=busy(job)) for job in "abcd"}
+        placement = c.metrics()["placement"]
+        assert placement["a"]["group"] == placement["b"]["group"] != placement["c"]["group"] == placement["d"]["group"]
+        trainer = clients["a"].create_training_client(base_model=tiny_model, seed=0)
+        trainer.forward_backward([datum([5, 6, 7])]).result()
+        clients["b"].close()
+        clients["c"].close()
+        admitted = {}
+        waiter = threading.Thread(target=lambda: admitted.update(wide=c.service_client("wide", profile=busy("wide", 2))))
+        waiter.start()
+        deadline = time.monotonic() + 60  # bounded: until `wide` waits in the queue
+        while "wide" not in c.metrics()["admission"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "wide" not in admitted and c.metrics()["admission"]["wide"]["waiting_reason"]
+        left = placement["a"]["group"]
+        c.report_step("a", 0)
+        waiter.join(timeout=60)
+        placement = c.metrics()["placement"]
+        assert "wide" in admitted and placement["wide"]["group"] == left != placement["a"]["group"]
+        assert placement["a"]["migrations"] == 1 and c.metrics()["migrations"] == 1
+        loss = trainer.forward_backward([datum([5, 6, 7])]).result().metrics["loss:sum"]
+        assert loss > 0
+        loads = [e for e in c.events() if e["event"] == "transition" and e["state"] == trainer.model_id]
+        assert loads[-1]["node"] == placement["a"]["group"]
+        for job in ("a", "d"):
+            clients[job].close()
+        admitted["wide"].close()

@@ -4,7 +4,8 @@ Retries go in submission order, and a job that still does not fit does not block
 behind it (backfilling): a small job can overtake a large one. That keeps devices busy; the
 price is that a large job can wait long on a busy cluster, which is why every wait is
 recorded. Queueing delay = admission time - submission time (DESIGN §7), 0 for a job placed
-at once. Time is passed in.
+at once. A waiting job may also be admitted at a placed job's step boundary, when moving that
+job lets it start (`make_room`, defragmenting). Time is passed in.
 """
 
 from __future__ import annotations
@@ -124,6 +125,21 @@ class AdmissionQueue:
             if isinstance(self._try(waiting.profile, waiting.submitted_s, now), Placement):
                 admitted.append(self.admitted[waiting.profile.job])
         return admitted
+
+    def make_room(self, job: str, now: float) -> tuple[Placement, Admission] | None:
+        """Defragmenting, at placed `job`'s step boundary: the first waiting job (in submission
+        order) that can start if `job` moves (`Placer.make_room`) is admitted; returns (the job's
+        new placement, the admission), or None when no waiting job can start so."""
+        room = self.placer.room_if_moved(job)
+        for waiting in [w for w in self._waiting.values() if w.profile.devices <= room]:
+            found = self.placer.make_room(job, waiting.profile, now)
+            if found is not None:
+                moved, placement = found
+                del self._waiting[waiting.profile.job]
+                admission = self.admitted[waiting.profile.job] = Admission(waiting.profile.job, waiting.submitted_s,
+                                                                           now, placement)
+                return moved, admission
+        return None
 
     def queueing_delays(self) -> dict[str, float]:
         """Seconds each admitted job waited (jobs still waiting are not in it)."""

@@ -137,6 +137,20 @@ up to their slack (or the pack limit) now so that devices stay free for a later 
 helps when one comes and costs a little speed when none does. `plexrl sim WORKLOAD` runs it as
 `plexrl-pack`; the default stays spread.
 
+Defragmenting (ours), `make_room(job, newcomer, now)`: departures leave free devices scattered
+over node groups, none with enough for a waiting job that needs several nodes in one group.
+At a placed job's step boundary (nothing of it in flight), while jobs wait, the job moves when
+that lets a waiting job start: it must be alone on its devices, its group must then have the
+newcomer's devices free (`room_if_moved`), and another group must have as many devices unused
+as it holds (it moves only onto devices nobody uses, so nobody it lands beside is slowed). The
+try is exact: release the job, place the newcomer, place the job; both commit, or everything
+is put back. A pair that failed is not tried again until a placement changes. What a move
+costs the moved job (its host state crossing to its new nodes, its states loaded anew) is the
+caller's: the simulator pauses the job for it (`sim/plexrl_mode.py`), the runtime migrates it
+(`runtime/job_placer.py`). On agentic-bursty (3 seeds) it took the cluster left unheld while
+jobs waited from 2.7% to 0.11% and the makespan from 0.864x to 0.814x colocated's
+(`plexrl sim agentic-bursty --seeds 3 --modes colocated,plexrl,plexrl-nodefrag`).
+
 `FirstFit` is the baseline: the first group that takes the job (memory and slack), no phase
 shift, devices with the fewest jobs.
 """
@@ -227,6 +241,10 @@ class Placer:
         # (the horizon adds to a row only for a job on it and rebuilds a row from zeros on remove)
         self._row_jobs = np.zeros(len(view.row_device), dtype=np.int64)
         self._cotenancy: dict[str, tuple[dict[str, tuple[JobProfile, float]], float]] = {}  # `_cotenants`
+        self._version = 0  # counts the changes of what is placed
+        self._room_refused: dict[tuple[str, str], int] = {}  # (job, newcomer) -> `_version` `make_room` failed at
+        # (`_version`, unused devices per group, the group with most, the most in any other group)
+        self._free: tuple[int, np.ndarray, int, int] = (-1, np.zeros(0), -1, 0)
         self._node_first_row = np.array([a for a, _ in view.node_rows], dtype=np.int64)
         self._group_bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)  # (first, end) row
         self._row_group = np.repeat(np.arange(len(view.groups)), self._group_bounds[:, 1] - self._group_bounds[:, 0])
@@ -316,6 +334,7 @@ class Placer:
             self._open_ended -= not placed.profile.ends
             self._row_jobs[self._rows_of(placed)] -= 1
             self._cotenancy.clear()
+            self._version += 1
 
     def replace(self, profile: JobProfile, now: float) -> Placement | Wait:
         """Re-place a placed job with a new (measured) profile; on Wait it keeps its old place.
@@ -330,6 +349,53 @@ class Placer:
             if measured is not None:  # it stays where it was measured: admission still judges it by that
                 self._measured[profile.job] = measured
         return decision
+
+    def room_if_moved(self, job: str) -> int:
+        """The devices `job`'s group would have free if the placed job moved away at its step
+        boundary: 0 when it may not move (it shares a device, or no other group has as many
+        devices unused as it holds: it moves only onto devices nobody uses)."""
+        placed = self._placed.get(job)
+        if placed is None:
+            return 0
+        rows = self._rows_of(placed)
+        if (self._row_jobs[rows] > 1).any():
+            return 0
+        if self._free[0] != self._version:  # unused devices per group, as of the latest change
+            free = np.add.reduceat(self._row_jobs == 0, self._group_bounds[:, 0])
+            order = np.argsort(-free, kind="stable")[:2].tolist() + [-1]
+            self._free = (self._version, free, order[0], int(free[order[1]]) if order[1] >= 0 else 0)
+        _, free, fullest, runner_up = self._free
+        group = int(self._row_group[rows[0]])
+        elsewhere = runner_up if group == fullest else int(free[fullest])
+        return int(free[group]) + len(rows) if elsewhere >= len(rows) else 0
+
+    def make_room(self, job: str, newcomer: JobProfile, now: float) -> tuple[Placement, Placement] | None:
+        """Defragmenting: whether moving placed `job` (at its step boundary) lets waiting
+        `newcomer` start. Tried, when `room_if_moved` leaves the newcomer devices enough, as:
+        release the job, place the newcomer, place the job again; both commit when both are
+        placed, (the job's new placement, the newcomer's), and nothing changes otherwise. A pair
+        that failed is not tried again until a placement changes. The job's measured inflation
+        was measured where it was: it is dropped when the job moves."""
+        if newcomer.job in self._placed or self.room_if_moved(job) < newcomer.devices:
+            return None
+        key, version = (job, newcomer.job), self._version
+        if self._room_refused.get(key) == version:
+            return None
+        placed, measured = self._placed[job], self._measured.get(job)
+        self.release(job)
+        first = self.place(newcomer, now)
+        if isinstance(first, Placement):
+            moved = self.place(placed.profile, now)
+            if isinstance(moved, Placement):
+                if moved.devices == placed.placement.devices and measured is not None:
+                    self._measured[job] = measured  # it stays where it was measured
+                return moved, first
+            self.release(newcomer.job)
+        self._hold(placed)
+        if measured is not None:
+            self._measured[job] = measured
+        self._version, self._room_refused[key] = version, version
+        return None
 
     def reprofile(self, profile: JobProfile) -> None:
         """A placed job's profile is now `profile` (measured), where it is: the same devices and
@@ -803,6 +869,7 @@ class Placer:
         self._placed[job] = placed
         self._open_ended += not placed.profile.ends
         self._cotenancy.clear()
+        self._version += 1
 
     def _rows_of(self, placed: _Placed) -> list[int]:
         return [self.view.device_rows[d] for d in placed.placement.devices]

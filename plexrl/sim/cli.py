@@ -121,7 +121,7 @@ USER_TABLES = (
     ("the operator's side", [("steps", "steps"), ("JCT mean h", "jct_mean_s"),
                              ("cluster GPU-h/step", "cluster_gpu_hours_per_step"),
                              ("capacity vs colocated", "capacity_vs_colocated"),
-                             ("free while queued", "stranded_gpu_share")]),
+                             ("free while queued", "stranded_gpu_share"), ("moves", "jobs_moved")]),
     ("the placer's inflation model: predicted vs realised",
      [("predicted", "inflation_predicted_mean"), ("realised", "inflation_realised_mean"), ("MAE", "inflation_mae"),
       ("MAE shared", "inflation_mae_shared"), ("jobs shared", "jobs_shared")]),
@@ -168,7 +168,7 @@ def _cell(key: str, v) -> str:
             key = key[: -len(suffix)]
     if key.endswith("_s"):
         return f"{v / 3600:.2f}"
-    if key in ("steps", "jobs_shared"):
+    if key in ("steps", "jobs_shared", "jobs_moved"):
         return f"{v:,.0f}"
     if key in ("gpu_hours_per_step", "cluster_gpu_hours_per_step", "capacity_vs_colocated"):
         return f"{v:.3f}"

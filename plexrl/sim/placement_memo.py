@@ -64,6 +64,13 @@ class MemoPlacer:
         self.placer.release(job)
         self._history = self.memo.history(self._history, ("release", job))
 
+    def make_room(self, job: str, newcomer: JobProfile, now: float) -> tuple[Placement, Placement] | None:
+        """Asked of the placer itself (it places and releases inside): the history records it,
+        so later answers are keyed by the state it left."""
+        found = self.placer.make_room(job, newcomer, now)
+        self._history = self.memo.history(self._history, ("make_room", job, newcomer, now))
+        return found
+
     def placements(self) -> dict[str, Placement]:
         return self.placer.placements()
 

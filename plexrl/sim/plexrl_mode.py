@@ -5,8 +5,10 @@ fed the job's demand profile (`profiles.py`) through the policy's `AdmissionQueu
 retries waiting jobs whenever a job ends. The placer's *devices* are GPUs (our workers) and
 its node groups are the cluster's; each node group is one `Group` whose scheduler dispatches
 the requests of every job placed on it (`group.py`). A job's state shards stay on the GPUs it
-was placed on (affinity: no migration), laid out node by node so a replica's `tp` GPUs share
-a node whenever the placer gave the job whole replicas per node. A placement's phase shift
+was placed on (affinity), laid out node by node so a replica's `tp` GPUs share a node whenever
+the placer gave the job whole replicas per node, until it moves: while jobs wait, a job alone on
+its GPUs moves at a step boundary onto GPUs nobody uses when that lets a waiting job start
+(defragmenting, `_make_room`; `plexrl-nodefrag` never moves one). A placement's phase shift
 delays the job's first step by that much. The loop is closed: as a job's steps end, its
 measured inflation goes back to the placer (`Placer.observe`), which judges its tenants by it
 when the next job asks for their devices. A job is charged what it consumed: execution plus
@@ -94,7 +96,7 @@ class PlexRLMode(Mode):
     exclusive_groups = False  # jobs share node groups: every call goes through the request policy
 
     def __init__(self, *args, placer: Callable[..., Placer] = Placer, tail: Tail = Tail.SHARED,
-                 feedback: bool = True, elastic: bool = True, **kwargs):
+                 feedback: bool = True, elastic: bool = True, defragment: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.tail = Tail(tail)
         self.elastic = elastic
@@ -108,8 +110,10 @@ class PlexRLMode(Mode):
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
         self.profiles: dict[str, JobProfile] = {}
-        if feedback:
-            self.service.on_step = self._measure
+        self.defragment = defragment
+        self.moves = 0  # jobs moved at a step boundary to let a waiting job start
+        if feedback or defragment:
+            self.service.on_step = partial(self._on_step, feedback)
 
     @property
     def consolidates_tail(self) -> bool:
@@ -153,6 +157,46 @@ class PlexRLMode(Mode):
         job.placed = self.loop.now
         self._cotenants_changed(self._cotenants(job) | {job.name})
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
+
+    def _on_step(self, feedback: bool, job: SimJob) -> float | None:
+        if feedback:
+            self._measure(job)
+        if self.defragment and self.admission.waiting and job.step < job.spec.steps:
+            return self._make_room(job)
+        return None
+
+    def _make_room(self, job: SimJob) -> float | None:
+        """Defragmenting at `job`'s step boundary (none of its calls in flight): when moving it
+        lets a waiting job start (`AdmissionQueue.make_room`: only a job alone on its GPUs, only
+        onto GPUs nobody uses), it moves and the waiting job is launched. Its host copies (trainer,
+        reference) cross to its new nodes at `network_gb_s` per GPU, a pause before its next step
+        that counts in that step's time; each state then loads onto its new GPUs at its first
+        call (a switch). The GPUs it leaves are the newcomer's at once."""
+        if self._cotenants(job):
+            return None
+        found = self.admission.make_room(job.name, self.loop.now)
+        if found is None:
+            return None
+        moved, admission = found
+        old = job.workers["trainer"]  # every state of a PlexRL job is on the same GPUs (wid = device id)
+        pause_s = 0.0
+        if set(old) != {self.workers[d] for d in moved.devices}:
+            job.moves.append((self.loop.now, tuple(sorted(w.wid for w in old))))
+            for worker in old:
+                worker.remove_job(job.name)
+            workers = [self.workers[d] for d in replica_order(moved.devices, self.cluster.gpus_per_node, job.spec.tp)]
+            for state in states_of(job.spec):
+                self.attach(job, state, workers)
+            job._units.clear()
+            self.measured.pop(job.name, None)
+            self.moves += 1
+            node = self.cluster.gpus_per_node
+            if {d // node for d in moved.devices} - {w.wid // node for w in old}:  # it left its nodes
+                host = job.costs.trainer_bytes + (job.costs.ref_bytes if "ref" in job.workers else 0)
+                pause_s = host / (self.cluster.network_gb_s * GB)
+        self._cotenants_changed(self._cotenants(job) | {job.name})
+        self._launch(self.by_name[admission.job], admission.placement)
+        return max(pause_s, moved.phase_shift_s)
 
     def _measure(self, job: SimJob) -> None:
         """Closed loop: tell the placer the job's measured inflation, its last `policy.MEASURED_STEPS`
@@ -226,4 +270,11 @@ def pinned(workload, cluster, policy) -> PlexRLMode:
 def all_tail(workload, cluster, policy) -> PlexRLMode:
     mode = PlexRLMode(workload, cluster, policy, tail=Tail.ALWAYS)
     mode.name = "plexrl-alltail"
+    return mode
+
+
+def no_defragment(workload, cluster, policy) -> PlexRLMode:
+    """No job moves at its step boundary to let a waiting one start: what defragmenting is worth."""
+    mode = PlexRLMode(workload, cluster, policy, defragment=False)
+    mode.name = "plexrl-nodefrag"
     return mode

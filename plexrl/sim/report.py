@@ -92,9 +92,10 @@ def stranded_gpus(result: ModeResult) -> tuple[float, float | None]:
     cluster's GPUs less those held by a placed job (each GPU once, however many jobs share it),
     and that over the cluster's GPU-time in those stretches (None when no job ever waited). A
     job holds its GPUs from its placement (a PlexRL job's phase shift is its own wait, not the
-    queue's). What a mode leaves unused for want of a fit: GPUs free but too few in one place
-    for a waiting job (a node group's fragments), or left free because sharing them would break
-    a job's slack."""
+    queue's), and a moved job the GPUs it left until each move. What a mode leaves unused for
+    want of a fit: GPUs free but too few in one place for a waiting job (a node group's
+    fragments, which PlexRL's moves mend where they can), or left free because sharing them
+    would break a job's slack."""
     changes: list[tuple[float, int, tuple[int, ...]]] = []  # (time, +1 / -1, GPUs held; () for a wait)
     for r in result.records:
         placed = r.placed  # set whenever the job started (`Service.start`)
@@ -103,7 +104,11 @@ def stranded_gpus(result: ModeResult) -> tuple[float, float | None]:
             continue
         if placed > r.arrival:
             changes += [(r.arrival, 1, ()), (placed, -1, ())]
-        changes += [(placed, 1, r.devices), (r.finished if r.finished is not None else result.end_s, -1, r.devices)]
+        since = placed
+        for moved, left in r.moves:  # a moved job held other GPUs until each move
+            changes += [(since, 1, left), (moved, -1, left)]
+            since = moved
+        changes += [(since, 1, r.devices), (r.finished if r.finished is not None else result.end_s, -1, r.devices)]
     changes.sort(key=lambda c: c[0])
     holders: dict[int, int] = {}  # GPU -> placed jobs on it
     waiting, stranded, queued_gpu_s, t = 0, 0.0, 0.0, 0.0
@@ -174,6 +179,7 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
         "within_slack": within_slack(result, baseline),
         "stranded_gpu_hours": stranded_hours,
         "stranded_gpu_share": stranded_share,
+        "jobs_moved": sum(len(r.moves) for r in result.records),  # moves that let a waiting job start
         **cotenancy(result),
         "events": result.events,
         "wall_s": result.wall_s,

@@ -59,7 +59,8 @@ class JobRecord:
     shared: bool = False  # it shared a GPU with another job at some time (PlexRL modes)
     kind: str = ""  # its class: the workload entry it is one of (`JobSpec.name`)
     placed: float | None = None  # when its GPUs became its own (PlexRL: before its phase shift)
-    devices: tuple[int, ...] = ()  # the GPUs it held from then (ids of the mode's workers)
+    devices: tuple[int, ...] = ()  # the GPUs it held from then, or from its last move (ids of the mode's workers)
+    moves: tuple[tuple[float, tuple[int, ...]], ...] = ()  # (when, the GPUs it held until then) per move
 
     @property
     def realised_inflation(self) -> float | None:
@@ -209,7 +210,7 @@ class Mode:
                 list(job.step_times), self.charged_gpu_s(job, end),
                 0.0 if usage is None else usage.switch_s, job.submitted, job.served,
                 job.spec.slack, job.solo_s(), predicted, shared, job.spec.name, job.placed,
-                tuple(sorted({w.wid for workers in job.workers.values() for w in workers})),
+                tuple(sorted({w.wid for workers in job.workers.values() for w in workers})), tuple(job.moves),
             ))
         s = self.service
         start, stop, gpus = np.frombuffer(s.busy, dtype=np.float64).reshape(-1, 3).T.copy()

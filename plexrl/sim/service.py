@@ -62,6 +62,7 @@ class SimJob:
     arrival: float
     workers: dict[str, list[SimWorker]] = field(default_factory=dict)  # state -> its GPUs, replicas contiguous
     placed: float | None = None  # when its GPUs became its own (PlexRL: placed; it starts after its phase shift)
+    moves: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)  # (when, the GPUs it left): PlexRL's moves
     started: float | None = None
     finished: float | None = None
     step: int = 0
@@ -144,7 +145,9 @@ class Service:
         self._together: dict[SimJob, tuple[list[float], list[tuple[SimWorker, ...]]]] = {}  # (ends, gangs)
         self.policy = policy
         self.on_job_done = on_job_done
-        self.on_step: Callable[[SimJob], None] | None = None  # called as each step of a job ends
+        # called as each step of a job ends; a number it returns is seconds before the next step
+        # begins (a job moved at its step boundary: its state crossing to its new GPUs)
+        self.on_step: Callable[[SimJob], float | None] | None = None
         self.ledger = Ledger()
         self.estimator = ExecEstimator(prior_s=prior_s)
         self.busy = array("d")  # every call's (start, end, GPUs), flat
@@ -162,6 +165,9 @@ class Service:
     def _begin_step(self, job: SimJob) -> None:
         job.step_start = self.loop.now
         job.clock.begin(self.loop.now)
+        self._phases(job)
+
+    def _phases(self, job: SimJob) -> None:
         job.tail_steps.append(job.consolidate_tail)
         job.phases, job.phase_i = job.next_phases(), 0
         self._advance(job)
@@ -180,10 +186,14 @@ class Service:
             return
         job.step_times.append(now - job.step_start)
         job.step += 1
-        if self.on_step is not None:
-            self.on_step(job)
+        pause_s = self.on_step(job) if self.on_step is not None else None
         if job.step < job.spec.steps:
-            self._begin_step(job)
+            if pause_s:  # the step begins now and its phases once the job has moved: the pause is in its time
+                job.step_start = now
+                job.clock.begin(now)
+                self.loop.at(now + pause_s, self._phases, job)
+            else:
+                self._begin_step(job)
         else:
             job.finished = now
             self.on_job_done(job)

@@ -48,6 +48,8 @@ class Cluster(Strict):
     group_nodes: int = Field(1, ge=1, description="nodes per node group (PlexRL places jobs on groups)")
     host_memory_gb: float = Field(2048, gt=0, description="host memory per node")
     disk_gb_s: float = Field(5, gt=0, description="node-local disk bandwidth per node")
+    network_gb_s: float = Field(25, gt=0, description="inter-node bandwidth per GPU (its NIC, about half of a "
+                                                      "400 Gb/s link's rate): what a moved job's host state crosses at")
     device: Device = Device()
 
     @model_validator(mode="after")
