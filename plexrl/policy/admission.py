@@ -103,6 +103,11 @@ class AdmissionQueue:
     def waiting(self) -> tuple[Waiting, ...]:
         return tuple(self._waiting.values())
 
+    @property
+    def queued(self) -> int:
+        """How many jobs wait."""
+        return len(self._waiting)
+
     def submit(self, profile: JobProfile, now: float) -> Placement | Wait:
         """Place the job now, or queue it; either way the decision is returned."""
         if profile.job in self._waiting or profile.job in self.placer.placements():
@@ -130,7 +135,9 @@ class AdmissionQueue:
         """Defragmenting, at placed `job`'s step boundary: the first waiting job (in submission
         order) that can start if `job` moves (`Placer.make_room`) is admitted; returns (the job's
         new placement, the admission), or None when no waiting job can start so."""
-        room = self.placer.room_if_moved(job)
+        room = self.placer.room_if_moved(job) if self._waiting else 0
+        if room == 0:  # it may not move, or nobody waits
+            return None
         for waiting in [w for w in self._waiting.values() if w.profile.devices <= room]:
             found = self.placer.make_room(job, waiting.profile, now)
             if found is not None:

@@ -241,10 +241,12 @@ class Placer:
         # (the horizon adds to a row only for a job on it and rebuilds a row from zeros on remove)
         self._row_jobs = np.zeros(len(view.row_device), dtype=np.int64)
         self._cotenancy: dict[str, tuple[dict[str, tuple[JobProfile, float]], float]] = {}  # `_cotenants`
+        self._job_rows: dict[str, np.ndarray] = {}  # placed job -> its device rows
         self._version = 0  # counts the changes of what is placed
         self._room_refused: dict[tuple[str, str], int] = {}  # (job, newcomer) -> `_version` `make_room` failed at
-        # (`_version`, unused devices per group, the group with most, the most in any other group)
-        self._free: tuple[int, np.ndarray, int, int] = (-1, np.zeros(0), -1, 0)
+        # (`_version`, unused devices per group, the group with most, the most in any other group,
+        # `room_if_moved` per job): what a move could open, as of the latest change
+        self._free: tuple[int, np.ndarray, int, int, dict[str, int]] = (-1, np.zeros(0), -1, 0, {})
         self._node_first_row = np.array([a for a, _ in view.node_rows], dtype=np.int64)
         self._group_bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)  # (first, end) row
         self._row_group = np.repeat(np.arange(len(view.groups)), self._group_bounds[:, 1] - self._group_bounds[:, 0])
@@ -332,7 +334,7 @@ class Placer:
             self.view.free(job)
             self.horizon.remove(job)
             self._open_ended -= not placed.profile.ends
-            self._row_jobs[self._rows_of(placed)] -= 1
+            self._row_jobs[self._job_rows.pop(job)] -= 1
             self._cotenancy.clear()
             self._version += 1
 
@@ -354,20 +356,21 @@ class Placer:
         """The devices `job`'s group would have free if the placed job moved away at its step
         boundary: 0 when it may not move (it shares a device, or no other group has as many
         devices unused as it holds: it moves only onto devices nobody uses)."""
-        placed = self._placed.get(job)
-        if placed is None:
-            return 0
-        rows = self._rows_of(placed)
-        if (self._row_jobs[rows] > 1).any():
-            return 0
         if self._free[0] != self._version:  # unused devices per group, as of the latest change
             free = np.add.reduceat(self._row_jobs == 0, self._group_bounds[:, 0])
             order = np.argsort(-free, kind="stable")[:2].tolist() + [-1]
-            self._free = (self._version, free, order[0], int(free[order[1]]) if order[1] >= 0 else 0)
-        _, free, fullest, runner_up = self._free
-        group = int(self._row_group[rows[0]])
-        elsewhere = runner_up if group == fullest else int(free[fullest])
-        return int(free[group]) + len(rows) if elsewhere >= len(rows) else 0
+            self._free = (self._version, free, order[0], int(free[order[1]]) if order[1] >= 0 else 0, {})
+        _, free, fullest, runner_up, rooms = self._free
+        room = rooms.get(job)
+        if room is None:
+            rows = self._job_rows.get(job)
+            room = 0
+            if rows is not None and not (self._row_jobs[rows] > 1).any():
+                group = int(self._row_group[rows[0]])
+                elsewhere = runner_up if group == fullest else int(free[fullest])
+                room = int(free[group]) + len(rows) if elsewhere >= len(rows) else 0
+            rooms[job] = room
+        return room
 
     def make_room(self, job: str, newcomer: JobProfile, now: float) -> tuple[Placement, Placement] | None:
         """Defragmenting: whether moving placed `job` (at its step boundary) lets waiting
@@ -865,6 +868,7 @@ class Placer:
         self.view.allocate(job, p.devices, placed.profile.host_bytes_per_device, placed.profile.shared_host_bytes)
         rows = self._rows_of(placed)
         self.horizon.add(job, rows, placed.profile, placed.anchor_s)
+        self._job_rows[job] = np.array(rows, dtype=np.int64)
         self._row_jobs[rows] += 1
         self._placed[job] = placed
         self._open_ended += not placed.profile.ends

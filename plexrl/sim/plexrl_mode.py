@@ -110,10 +110,10 @@ class PlexRLMode(Mode):
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
         self.profiles: dict[str, JobProfile] = {}
-        self.defragment = defragment
+        self.feedback, self.defragment = feedback, defragment
         self.moves = 0  # jobs moved at a step boundary to let a waiting job start
         if feedback or defragment:
-            self.service.on_step = partial(self._on_step, feedback)
+            self.service.on_step = self._on_step
 
     @property
     def consolidates_tail(self) -> bool:
@@ -158,10 +158,12 @@ class PlexRLMode(Mode):
         self._cotenants_changed(self._cotenants(job) | {job.name})
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
 
-    def _on_step(self, feedback: bool, job: SimJob) -> float | None:
-        if feedback:
+    def _on_step(self, job: SimJob) -> float | None:
+        """A step of `job` ended: the closed loop's measurement, then a move if one lets a
+        waiting job start (the seconds its next step waits for the move)."""
+        if self.feedback:
             self._measure(job)
-        if self.defragment and self.admission.waiting and job.step < job.spec.steps:
+        if self.defragment and self.admission.queued and job.step < job.spec.steps:
             return self._make_room(job)
         return None
 
@@ -172,8 +174,6 @@ class PlexRLMode(Mode):
         reference) cross to its new nodes at `network_gb_s` per GPU, a pause before its next step
         that counts in that step's time; each state then loads onto its new GPUs at its first
         call (a switch). The GPUs it leaves are the newcomer's at once."""
-        if self._cotenants(job):
-            return None
         found = self.admission.make_room(job.name, self.loop.now)
         if found is None:
             return None
