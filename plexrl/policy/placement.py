@@ -243,7 +243,8 @@ class Placer:
         self._cotenancy: dict[str, tuple[dict[str, tuple[JobProfile, float]], float]] = {}  # `_cotenants`
         self._job_rows: dict[str, np.ndarray] = {}  # placed job -> its device rows
         self._version = 0  # counts the changes of what is placed
-        self._room_refused: dict[tuple[str, str], int] = {}  # (job, newcomer) -> `_version` `make_room` failed at
+        # (`_version`, the (job, newcomer) pairs `make_room` failed at then): forgotten at the next change
+        self._room_refused: tuple[int, set[tuple[str, str]]] = (-1, set())
         # (`_version`, unused devices per group, the group with most, the most in any other group,
         # `room_if_moved` per job): what a move could open, as of the latest change
         self._free: tuple[int, np.ndarray, int, int, dict[str, int]] = (-1, np.zeros(0), -1, 0, {})
@@ -382,7 +383,7 @@ class Placer:
         if newcomer.job in self._placed or self.room_if_moved(job) < newcomer.devices:
             return None
         key, version = (job, newcomer.job), self._version
-        if self._room_refused.get(key) == version:
+        if self._room_refused[0] == version and key in self._room_refused[1]:
             return None
         placed, measured = self._placed[job], self._measured.get(job)
         self.release(job)
@@ -397,7 +398,10 @@ class Placer:
         self._hold(placed)
         if measured is not None:
             self._measured[job] = measured
-        self._version, self._room_refused[key] = version, version
+        self._version = version
+        if self._room_refused[0] != version:
+            self._room_refused = (version, set())
+        self._room_refused[1].add(key)
         return None
 
     def reprofile(self, profile: JobProfile) -> None:
