@@ -235,7 +235,7 @@ class JobPlacer:
         waiting job's `admit` is woken with its placement; the moved job's is returned when it
         changes group or phase (the cluster migrates it: spill on the old node, restore on the
         new one)."""
-        if record.provisional or not self.queue.waiting:
+        if record.provisional or not self.queue.queued:
             return None
         found = self.queue.make_room(job, now)
         if found is None:

@@ -111,9 +111,13 @@ class PlexRLMode(Mode):
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
         self.profiles: dict[str, JobProfile] = {}
         self.feedback, self.defragment = feedback, defragment
-        self.moves = 0  # jobs moved at a step boundary to let a waiting job start
         if feedback or defragment:
             self.service.on_step = self._on_step
+
+    @property
+    def moves(self) -> int:
+        """Jobs moved at a step boundary to let a waiting job start."""
+        return sum(len(job.moves) for job in self.by_name.values())
 
     @property
     def consolidates_tail(self) -> bool:
@@ -182,18 +186,16 @@ class PlexRLMode(Mode):
         pause_s = 0.0
         if set(old) != {self.workers[d] for d in moved.devices}:
             job.moves.append((self.loop.now, tuple(sorted(w.wid for w in old))))
+            node = self.cluster.gpus_per_node
+            if {d // node for d in moved.devices} - {w.wid // node for w in old}:  # it left its nodes
+                host = sum(r.host_nbytes for r in old[0].states.values() if r.job == job.name)  # per GPU
+                pause_s = host / (self.cluster.network_gb_s * GB)
             for worker in old:
                 worker.remove_job(job.name)
             workers = [self.workers[d] for d in replica_order(moved.devices, self.cluster.gpus_per_node, job.spec.tp)]
             for state in states_of(job.spec):
                 self.attach(job, state, workers)
-            job._units.clear()
             self.measured.pop(job.name, None)
-            self.moves += 1
-            node = self.cluster.gpus_per_node
-            if {d // node for d in moved.devices} - {w.wid // node for w in old}:  # it left its nodes
-                host = job.costs.trainer_bytes + (job.costs.ref_bytes if "ref" in job.workers else 0)
-                pause_s = host / (self.cluster.network_gb_s * GB)
         self._cotenants_changed(self._cotenants(job) | {job.name})
         self._launch(self.by_name[admission.job], admission.placement)
         return max(pause_s, moved.phase_shift_s)

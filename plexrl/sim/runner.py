@@ -146,7 +146,7 @@ class Mode:
         loaded = costs.ref_bytes if state == "sampler" else nbytes  # the weights alone
         for w in workers:
             w.add_state(job.state_id(state), job.name, nbytes, host, loaded, read_only=state != "trainer")
-        job.workers[state] = workers
+        job.hold(state, workers)
 
     def costs_for(self, job: Job):
         return job_costs(job, self.cluster)

@@ -90,6 +90,12 @@ class SimJob:
     def name(self) -> str:
         return self._name
 
+    def hold(self, state: str, workers: list[SimWorker]) -> None:
+        """Its `state` lives on `workers` from now on (placed or moved): the gangs cut from the
+        GPUs it had go with them."""
+        self.workers[state] = workers
+        self._units.clear()
+
     def state_id(self, state: str) -> str:
         sid = self._sids.get(state)
         if sid is None:
@@ -162,10 +168,15 @@ class Service:
             job.placed = job.started
         self._begin_step(job)
 
-    def _begin_step(self, job: SimJob) -> None:
+    def _begin_step(self, job: SimJob, pause_s: float | None = None) -> None:
+        """The job's next step begins now; its phases after `pause_s` (a move), which counts
+        in the step's time."""
         job.step_start = self.loop.now
         job.clock.begin(self.loop.now)
-        self._phases(job)
+        if pause_s:
+            self.loop.at(self.loop.now + pause_s, self._phases, job)
+        else:
+            self._phases(job)
 
     def _phases(self, job: SimJob) -> None:
         job.tail_steps.append(job.consolidate_tail)
@@ -188,12 +199,7 @@ class Service:
         job.step += 1
         pause_s = self.on_step(job) if self.on_step is not None else None
         if job.step < job.spec.steps:
-            if pause_s:  # the step begins now and its phases once the job has moved: the pause is in its time
-                job.step_start = now
-                job.clock.begin(now)
-                self.loop.at(now + pause_s, self._phases, job)
-            else:
-                self._begin_step(job)
+            self._begin_step(job, pause_s)
         else:
             job.finished = now
             self.on_job_done(job)
