@@ -438,7 +438,7 @@ def test_moving_a_job_at_its_step_boundary_lets_a_waiting_one_start():
 
 def test_a_move_that_lets_nobody_start_changes_nothing():
     """A try whose newcomer still does not fit (host memory, here) is undone: the next decisions
-    are those of a placer never asked; and the pair is not tried again until a placement changes."""
+    are those of a placer never asked; and the pair is not tried again until a job is released."""
     queue, _ = fragmented()
     untouched, _ = fragmented()
     placer = queue.placer
@@ -448,7 +448,7 @@ def test_a_move_that_lets_nobody_start_changes_nothing():
     assert placer.overload_s() == untouched.placer.overload_s()
     probe = job("probe", SQUARE)
     assert placer.decide(probe, 3.0) == untouched.placer.decide(probe, 3.0)
-    assert placer._room_refused == (placer._version, {("a", "too-big")})
+    assert placer._room_refused == (placer._releases, {("a", "too-big")})
 
 
 def test_a_job_sharing_its_devices_is_not_moved():
@@ -465,6 +465,73 @@ def test_a_job_sharing_its_devices_is_not_moved():
     assert queue.placer.make_room("a", wide, 2.0) is None
     moved, admission = queue.make_room("d", 2.0)
     assert moved.group == "pod0/g0" and admission.placement.group == "pod0/g1"
+
+
+def crowded() -> tuple[AdmissionQueue, JobProfile]:
+    """Two groups of two devices and no device unused elsewhere: g0 holds `a` (busy a quarter of
+    the time) with its neighbour gone, g1 `c` (busy another quarter, complementary) and `d`
+    (busy all the time); a two-device job waits."""
+    queue = AdmissionQueue(Placer(cluster(), horizon_slots=16, slot_s=1.0))
+    for device, (name, demand) in enumerate((("a", (1, 1, 0, 0, 0, 0, 0, 0)), ("b", (1,) * 8),
+                                             ("c", (0, 0, 0, 0, 1, 1, 0, 0)), ("d", (1,) * 8))):
+        queue.placer.commit(job(name, demand, devices=1), Placement(f"pod0/g{device // 2}", 0.0, 0.0, (device,)), 0.0)
+    queue.release("b", 1.0)
+    wide = job("wide", ALWAYS)
+    assert isinstance(queue.submit(wide, 1.0), Wait)
+    return queue, wide
+
+
+def test_a_job_moves_into_a_share_to_let_a_waiting_one_start():
+    """No device is unused outside a's group: a moves beside c (their busy quarters fit each
+    other's idle time), not beside d (busy all the time, beyond a's slack), and the waiting job
+    gets a's group whole."""
+    queue, wide = crowded()
+    assert queue.placer.room_if_moved("a") == 2
+    moved, admission = queue.make_room("a", 2.0)
+    placements = queue.placer.placements()
+    assert moved == placements["a"] and moved.devices == (2,)
+    assert queue.placer.inflation_of("a") <= 0.10 and queue.placer.inflation_of("c") <= 0.10
+    assert admission.job == "wide" and sorted(admission.placement.devices) == [0, 1]
+
+
+def test_a_job_with_no_other_place_is_not_tried_again_until_a_release():
+    """a has nowhere to go but beside d (beyond its slack): the try is undone, and a is not
+    tried with any newcomer until a job is released; then it is, and moves."""
+    queue, wide = crowded()
+    untouched, _ = crowded()
+    placer = queue.placer
+    queue.release("c", 1.5)
+    untouched.release("c", 1.5)
+    placer.place(job("c2", (1,) * 8, devices=1), 1.5)  # c's device now busy all the time too
+    untouched.placer.place(job("c2", (1,) * 8, devices=1), 1.5)
+    assert placer.placements()["c2"].devices == (2,)
+    assert queue.make_room("a", 2.0) is None
+    assert placer.placements() == untouched.placer.placements()
+    probe = job("probe", SQUARE)
+    assert placer.decide(probe, 3.0) == untouched.placer.decide(probe, 3.0)
+    assert placer.room_if_moved("a") == 0  # found no other place: not tried again
+    assert placer.make_room("a", job("other", ALWAYS), 2.5) is None
+    queue.release("d", 3.0)  # a release: room again (d's device is unused now)
+    assert placer.room_if_moved("a") == 2
+    moved, admission = queue.make_room("a", 4.0)
+    assert moved.devices == (3,) and admission.job == "wide"
+
+
+def test_a_job_that_shares_spreads_out_onto_unused_devices():
+    """While nobody waits, a shared job moves onto a device nobody uses when there is one; with
+    none, nothing changes and it is not tried again until a job is released."""
+    queue, wide = crowded()
+    queue.make_room("a", 2.0)  # a now shares c's device
+    placer = queue.placer
+    before = placer.placements()
+    assert placer.spread_out("a", 3.0) is None and placer.placements() == before  # no unused device
+    assert placer.spread_out("c", 3.0) is None  # nor for its co-tenant
+    assert placer.spread_out("wide", 3.0) is None  # alone on its devices: nothing to spread
+    queue.release("d", 4.0)
+    moved = placer.spread_out("a", 5.0)
+    assert moved is not None and moved.devices == (3,) and placer.placements()["a"] == moved
+    assert placer.spread_out("c", 5.0) is None  # alone again
+    assert placer.inflation_of("a") == placer.inflation_of("c") == 0.0
 
 
 # -- the bench -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ with what phase shift; jobs wait for room; profiles are measured online; migrati
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -279,6 +280,37 @@ def test_a_job_moves_at_its_step_boundary_to_let_a_waiting_job_start():
     summary = placer.summary(2.0)
     assert summary["a"]["migrations"] == 1 and summary["a"]["group_name"] == moved.group
     assert summary["wide"]["group_name"] == old.group
+
+
+def test_a_job_that_shares_spreads_out_at_its_step_boundary_when_nobody_waits():
+    """Spreading out in the runtime: four jobs busy all the time fill two node groups of two
+    devices, and a light tenant shares a device with one of them. Once a job of the other group
+    leaves (nobody waits), the tenant's step boundary moves it onto the device that job left
+    (its new placement comes back: the cluster migrates it); then the job it shared with is
+    alone, and stays."""
+    from plexrl.policy import ResourceView
+    from plexrl.runtime.job_placer import JobPlacer
+
+    models = [ModelMemory("policy", MiB, MiB)]
+    placer = JobPlacer(ResourceView.uniform(1, 2, 1, 2, 64 * MiB, 256 * MiB), horizon_slots=64, slot_s=0.1,
+                       placement="phase-shift", profile_steps=1000)
+    clock = lambda: 1.0  # noqa: E731
+    for job in ("a", "b", "c", "d"):
+        placer.admit(JobProfile(job, period_s=0.8, demand=(1,) * 8, devices=1, models=tuple(models)),
+                     0.1, False, clock, 1.0)
+    light = JobProfile("light", period_s=0.8, demand=(0.05,) * 8, devices=1, models=tuple(models), slack=math.inf)
+    shared = placer.admit(light, 0.1, False, clock, 1.0)
+    owner = next(job for job in "abcd" if placer.jobs[job].placement.devices == shared.devices)
+    assert placer.on_step("light", lambda: [], models, now=2.0) is None  # no device unused: it stays
+    gone = next(job for job in "abcd" if placer.jobs[job].placement.group != shared.group)
+    placer.finish(gone, 2.5)
+    assert not placer.queue.waiting
+    moved = placer.on_step("light", lambda: [], models, now=3.0)
+    assert moved is not None and moved.group != shared.group
+    assert moved.devices == placer.placer.placements()["light"].devices
+    assert not set(moved.devices) & {d for job, p in placer.placer.placements().items() if job != "light" for d in p.devices}
+    assert placer.summary(3.0)["light"]["migrations"] == 1
+    assert placer.on_step(owner, lambda: [], models, now=3.0) is None  # alone on its device now
 
 
 def test_a_moved_job_migrates_and_the_waiting_job_starts_on_the_cluster(tiny_model):

@@ -21,6 +21,9 @@ mode that switches changed, the baselines too. Then the co-tenancy model knows e
 rollouts (`placement.wait_s`: a rollout turn shares a co-tenant's rollout's replicas instead of
 waiting for it): it predicts less for the jobs of modes whose rollouts are elastic, so they
 share GPUs more; `plexrl-pinned` and `plexrl-wholetail` (no elastic rollouts) are unchanged.
+Then moves at step boundaries within a node group (a job alone on its GPUs moves into a share
+when that lets a waiting job start; a job that shares moves onto unused GPUs while none waits):
+`plexrl-noshift` and `plexrl-pinned` move one job each and changed; the others move none.
 The workload is
 pinned with `pack_limit: null` (each job judged by its own slack, 1.0), so its jobs share GPUs
 and every contended path runs; the default limit (`PACKING_PAYS`, the sharing that pays for
@@ -60,12 +63,13 @@ PINNED = {
     "plexrl-firstfit": (197, 9963.691277684131, 43628.82697180693, 72.48000000000002, 43628.826971806906),
     # one node group: packing first has no other group to prefer, so it places as `plexrl`
     "plexrl-pack": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
-    "plexrl-noshift": (187, 13486.624917573881, 43557.21247117745, 172.16000000000008, 43557.21247117743),
+    "plexrl-noshift": (199, 12438.03012183345, 44354.0402740123, 155.92000000000007, 44354.04027401228),
     "plexrl-wholetail": (226, 14939.101305921535, 46888.99455637256, 148.16000000000014, 46888.99455637255),
     "plexrl-alltail": (165, 13165.854297861173, 42596.67372624957, 172.16000000000008, 42596.67372624955),
-    "plexrl-pinned": (236, 11039.994762290171, 45663.223663725505, 80.96000000000005, 45663.223663725505),
-    # one node group: no other group to move a job to, so it places as `plexrl`
-    "plexrl-nodefrag": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-pinned": (229, 9199.057225345374, 46776.16076715688, 67.52000000000001, 46776.16076715686),
+    # no step boundary of `plexrl` finds a move (one that lets a waiting job start, or unused GPUs
+    # for a job that shares), so without moves it runs as `plexrl`
+    "plexrl-nomove": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
 }
 # `plexrl` under the default pack limit (PACKING_PAYS)
 PINNED_PAYING = (226, 9174.534602587653, 46801.63455637256, 60.800000000000026, 46801.63455637255)

@@ -5,7 +5,7 @@ behind it (backfilling): a small job can overtake a large one. That keeps device
 price is that a large job can wait long on a busy cluster, which is why every wait is
 recorded. Queueing delay = admission time - submission time (DESIGN §7), 0 for a job placed
 at once. A waiting job may also be admitted at a placed job's step boundary, when moving that
-job lets it start (`make_room`, defragmenting). Time is passed in.
+job lets it start (`make_room`: onto devices nobody uses or into a share). Time is passed in.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class AdmissionQueue:
         return admitted
 
     def make_room(self, job: str, now: float) -> tuple[Placement, Admission] | None:
-        """Defragmenting, at placed `job`'s step boundary: the first waiting job (in submission
+        """Making room, at placed `job`'s step boundary: the first waiting job (in submission
         order) that can start if `job` moves (`Placer.make_room`) is admitted; returns (the job's
         new placement, the admission), or None when no waiting job can start so."""
         room = self.placer.room_if_moved(job) if self._waiting else 0

@@ -137,19 +137,24 @@ up to their slack (or the pack limit) now so that devices stay free for a later 
 helps when one comes and costs a little speed when none does. `plexrl sim WORKLOAD` runs it as
 `plexrl-pack`; the default stays spread.
 
-Defragmenting (ours), `make_room(job, newcomer, now)`: departures leave free devices scattered
-over node groups, none with enough for a waiting job that needs several nodes in one group.
-At a placed job's step boundary (nothing of it in flight), while jobs wait, the job moves when
-that lets a waiting job start: it must be alone on its devices, its group must then have the
-newcomer's devices free (`room_if_moved`), and another group must have as many devices unused
-as it holds (it moves only onto devices nobody uses, so nobody it lands beside is slowed). The
-try is exact: release the job, place the newcomer, place the job; both commit, or everything
-is put back. A pair that failed is not tried again until a placement changes. What a move
-costs the moved job (its host state crossing to its new nodes, its states loaded anew) is the
-caller's: the simulator pauses the job for it (`sim/plexrl_mode.py`), the runtime migrates it
-(`runtime/job_placer.py`). On agentic-bursty (3 seeds) it took the cluster left unheld while
-jobs waited from 2.7% to 0.11% and the makespan from 0.864x to 0.814x colocated's
-(`plexrl sim agentic-bursty --seeds 3 --modes colocated,plexrl,plexrl-nodefrag`).
+Moving placed jobs (ours), at their step boundaries (nothing of theirs in flight).
+- Making room, `make_room(job, newcomer, now)`, while jobs wait: the job moves when that lets a
+  waiting job start on what it leaves. It must be alone on its devices and its group must then
+  have the newcomer's devices free (`room_if_moved`); it goes wherever `place` puts it, onto
+  devices nobody uses or into a share every tenant's judgement accepts (the same judgement as a
+  newcomer's: sharing devices within every tenant's slack beats leaving a job in the queue).
+  The try is exact: release the job, place the newcomer, place the job; both commit, or
+  everything is put back. It mends fragments too: departures leave free devices scattered
+  over node groups, none with enough for a waiting job that needs several nodes in one group
+  (on agentic-bursty, moves take the cluster left unheld while jobs wait from 2.7% to 0.1%).
+- Spreading out, `spread_out(job, now)`, while no job waits: a job that shares a device moves
+  onto devices nobody uses when `place` puts it there (else nothing changes), so sharing lasts
+  as long as it lets jobs start and shared jobs run alone, at full speed, when there is room.
+What a move costs the moved job (its host state crossing to its new nodes, its states loaded
+anew, and a phase shift that aligns it with its new co-tenants) is the caller's: the simulator
+pauses the job for it (`sim/plexrl_mode.py`), the runtime migrates it (`runtime/job_placer.py`).
+`plexrl sim W --seeds 3 --modes colocated,plexrl,plexrl-nomove` runs it without moves (README,
+"Moving jobs", has the figures).
 
 `FirstFit` is the baseline: the first group that takes the job (memory and slack), no phase
 shift, devices with the fewest jobs.
@@ -159,7 +164,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -243,11 +248,15 @@ class Placer:
         self._cotenancy: dict[str, tuple[dict[str, tuple[JobProfile, float]], float]] = {}  # `_cotenants`
         self._job_rows: dict[str, np.ndarray] = {}  # placed job -> its device rows
         self._version = 0  # counts the changes of what is placed
-        # (`_version`, the (job, newcomer) pairs `make_room` failed at then): forgotten at the next change
+        self._releases = 0  # counts the jobs released: only a release gives a job's move more room
+        # (`_releases`, the (job, newcomer) pairs `make_room` failed at since): forgotten at the next release
         self._room_refused: tuple[int, set[tuple[str, str]]] = (-1, set())
-        # (`_version`, unused devices per group, the group with most, the most in any other group,
-        # `room_if_moved` per job): what a move could open, as of the latest change
-        self._free: tuple[int, np.ndarray, int, int, dict[str, int]] = (-1, np.zeros(0), -1, 0, {})
+        # job -> `_releases` when it last found no other place (`make_room`) / no unused devices
+        # (`spread_out`): not tried again before a job is released
+        self._no_other_place: dict[str, int] = {}
+        self._no_unused: dict[str, int] = {}
+        # (`_version`, unused devices per group, `room_if_moved` per job), as of the latest change
+        self._free: tuple[int, np.ndarray, dict[str, int]] = (-1, np.zeros(0, dtype=np.int64), {})
         self._node_first_row = np.array([a for a, _ in view.node_rows], dtype=np.int64)
         self._group_bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)  # (first, end) row
         self._row_group = np.repeat(np.arange(len(view.groups)), self._group_bounds[:, 1] - self._group_bounds[:, 0])
@@ -330,6 +339,8 @@ class Placer:
 
     def release(self, job: str) -> None:
         self._measured.pop(job, None)
+        self._no_other_place.pop(job, None)
+        self._no_unused.pop(job, None)
         placed = self._placed.pop(job, None)
         if placed is not None:
             self.view.free(job)
@@ -338,6 +349,7 @@ class Placer:
             self._row_jobs[self._job_rows.pop(job)] -= 1
             self._cotenancy.clear()
             self._version += 1
+            self._releases += 1
 
     def replace(self, profile: JobProfile, now: float) -> Placement | Wait:
         """Re-place a placed job with a new (measured) profile; on Wait it keeps its old place.
@@ -354,38 +366,43 @@ class Placer:
         return decision
 
     def room_if_moved(self, job: str) -> int:
-        """The devices `job`'s group would have free if the placed job moved away at its step
-        boundary: 0 when it may not move (it shares a device, or no other group has as many
-        devices unused as it holds: it moves only onto devices nobody uses)."""
-        if self._free[0] != self._version:  # unused devices per group, as of the latest change
-            free = np.add.reduceat(self._row_jobs == 0, self._group_bounds[:, 0])
-            order = np.argsort(-free, kind="stable")[:2].tolist() + [-1]
-            self._free = (self._version, free, order[0], int(free[order[1]]) if order[1] >= 0 else 0, {})
-        _, free, fullest, runner_up, rooms = self._free
+        """The devices `job`'s group would have unused if the placed job moved away at its step
+        boundary: 0 when it may not move to make room (it shares a device, or it found no other
+        place since the last release; see `make_room`)."""
+        free, rooms = self._unused()
         room = rooms.get(job)
         if room is None:
             rows = self._job_rows.get(job)
             room = 0
-            if rows is not None and not (self._row_jobs[rows] > 1).any():
-                group = int(self._row_group[rows[0]])
-                elsewhere = runner_up if group == fullest else int(free[fullest])
-                room = int(free[group]) + len(rows) if elsewhere >= len(rows) else 0
+            if (rows is not None and not (self._row_jobs[rows] > 1).any()
+                    and self._no_other_place.get(job) != self._releases):
+                room = int(free[self._row_group[rows[0]]]) + len(rows)
             rooms[job] = room
         return room
 
     def make_room(self, job: str, newcomer: JobProfile, now: float) -> tuple[Placement, Placement] | None:
-        """Defragmenting: whether moving placed `job` (at its step boundary) lets waiting
+        """Making room: whether moving placed `job` (at its step boundary) lets waiting
         `newcomer` start. Tried, when `room_if_moved` leaves the newcomer devices enough, as:
-        release the job, place the newcomer, place the job again; both commit when both are
-        placed, (the job's new placement, the newcomer's), and nothing changes otherwise. A pair
-        that failed is not tried again until a placement changes. The job's measured inflation
-        was measured where it was: it is dropped when the job moves."""
+        release the job, place the newcomer, place the job again, where `place` puts any job
+        (devices nobody uses first, else a share every tenant's judgement accepts); both commit
+        when both are placed, (the job's new placement, the newcomer's), and nothing changes
+        otherwise. Placing adds load, so only a release can turn a refusal around: a pair that
+        failed is not tried again until a job is released, nor is a job that found no other
+        place (beside one newcomer: another would most often take the same devices), nor one
+        the bound of `_refused_everywhere` turns away before any try, its devices taken
+        (`_no_place_beside_itself`). The job's measured inflation was measured where it was: it
+        is dropped when the job moves."""
         if newcomer.job in self._placed or self.room_if_moved(job) < newcomer.devices:
             return None
-        key, version = (job, newcomer.job), self._version
-        if self._room_refused[0] == version and key in self._room_refused[1]:
+        key = (job, newcomer.job)
+        if self._room_refused[0] == self._releases and key in self._room_refused[1]:
             return None
         placed, measured = self._placed[job], self._measured.get(job)
+        if self._no_place_beside_itself(placed.profile):
+            self._no_other_place[job] = self._releases
+            self._free[2].pop(job, None)
+            return None
+        undo = self._version, self._releases, dict(self._cotenancy)
         self.release(job)
         first = self.place(newcomer, now)
         if isinstance(first, Placement):
@@ -395,14 +412,61 @@ class Placer:
                     self._measured[job] = measured  # it stays where it was measured
                 return moved, first
             self.release(newcomer.job)
+        self._put_back(placed, measured, undo)
+        if isinstance(first, Placement):
+            self._no_other_place[job] = self._releases
+            self._free[2].pop(job, None)
+        else:
+            if self._room_refused[0] != self._releases:
+                self._room_refused = (self._releases, set())
+            self._room_refused[1].add(key)
+        return None
+
+    def spread_out(self, job: str, now: float) -> Placement | None:
+        """Spreading when there is room: placed `job`, which shares a device, moves (at its step
+        boundary) onto devices nobody uses when the placer puts it there; its new placement, or
+        None with nothing changed. Asked while no job waits, so that sharing lasts only as long
+        as it lets a job start (`make_room`, admission). A job that found no such place is not
+        tried again until a job is released. Its measured inflation is dropped when it moves."""
+        rows = self._job_rows.get(job)
+        if rows is None or not (self._row_jobs[rows] > 1).any() or self._no_unused.get(job) == self._releases:
+            return None
+        free, _ = self._unused()
+        if free.max(initial=0) < len(rows):
+            return None
+        placed, measured = self._placed[job], self._measured.get(job)
+        undo = self._version, self._releases, dict(self._cotenancy)
+        self.release(job)
+        moved = self.place(placed.profile, now)
+        if isinstance(moved, Placement):
+            if (self._row_jobs[self._job_rows[job]] == 1).all():
+                return moved
+            self.release(job)
+        self._put_back(placed, measured, undo)
+        self._no_unused[job] = self._releases
+        return None
+
+    def _no_place_beside_itself(self, profile: JobProfile) -> bool:
+        """Whether placed `profile`'s job would wait wherever it went, its own devices taken
+        (by a copy of it, for the bound; a newcomer there would be judged alike): the
+        bound of `_refused_everywhere`, a fraction of a try's cost."""
+        twin = replace(profile, job=f"{profile.job}\0twin")
+        groups = self.view.feasible_groups(twin)
+        return len(groups) == 0 or self._refused_everywhere(twin, groups) is not None
+
+    def _put_back(self, placed: _Placed, measured: float | None, undo: tuple) -> None:
+        """A tentative move failed: the job is held where it was, as if it had never left (and
+        what was cached for that state holds again)."""
         self._hold(placed)
         if measured is not None:
-            self._measured[job] = measured
-        self._version = version
-        if self._room_refused[0] != version:
-            self._room_refused = (version, set())
-        self._room_refused[1].add(key)
-        return None
+            self._measured[placed.profile.job] = measured
+        self._version, self._releases, self._cotenancy = undo
+
+    def _unused(self) -> tuple[np.ndarray, dict[str, int]]:
+        """Devices nobody uses per group, and `room_if_moved`'s answers, as of the latest change."""
+        if self._free[0] != self._version:
+            self._free = (self._version, np.add.reduceat(self._row_jobs == 0, self._group_bounds[:, 0]), {})
+        return self._free[1], self._free[2]
 
     def reprofile(self, profile: JobProfile) -> None:
         """A placed job's profile is now `profile` (measured), where it is: the same devices and

@@ -16,10 +16,12 @@ adds — waiting callers, provisional placement, online profiling and re-placeme
   job of the group is on a guess) and reported as `inflation_predicted` next to the inflation
   measured from the job's step times.
 - A placement's phase shift delays the job's start (or, when re-placed, its next step).
-- Defragmenting: while jobs wait, a job placed on its measured profile that is alone on its
-  devices moves at its step boundary onto devices nobody uses when that lets a waiting job
-  start (`Placer.make_room`); the waiting job is admitted on what it left, and the cluster
-  migrates the moved job as for a re-placement.
+- Moves at step boundaries, for a job placed on its measured profile: while jobs wait, a job
+  alone on its devices moves when that lets a waiting job start (`Placer.make_room`: onto
+  devices nobody uses, or into a share every tenant's judgement accepts); the waiting job is
+  admitted on what it left. While none waits, a job that shares devices moves onto devices
+  nobody uses where there are some (`Placer.spread_out`). The cluster migrates a job that
+  changes group as for a re-placement.
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ class JobPlacer:
                 return None
             record.steps_seen += 1
             self._observe(job, record, now)
-            moved = self._make_room(job, record, now)
+            moved = self._move(job, record, now)
             if moved is not None:
                 return moved
             if record.steps_seen % self.profile_steps:
@@ -228,30 +230,34 @@ class JobPlacer:
             self._forecast(decision.group, now)
             return decision if moved or decision.phase_shift_s > 0 else None
 
-    def _make_room(self, job: str, record: JobRecord, now: float) -> Placement | None:
-        """Defragmenting (under the lock): while jobs wait, a job placed on its measured profile
-        moves at its step boundary when that lets a waiting job start (`AdmissionQueue.make_room`:
-        it moves only onto devices nobody uses, and only off devices it uses alone). The
-        waiting job's `admit` is woken with its placement; the moved job's is returned when it
-        changes group or phase (the cluster migrates it: spill on the old node, restore on the
-        new one)."""
-        if record.provisional or not self.queue.queued:
+    def _move(self, job: str, record: JobRecord, now: float) -> Placement | None:
+        """Moves at the step boundary (under the lock), for a job placed on its measured profile:
+        while jobs wait, when moving it lets one start (`AdmissionQueue.make_room`: only off
+        devices it uses alone, onto devices nobody uses or into a share every tenant's judgement
+        accepts), and the waiting job's `admit` is woken with its placement; while none waits,
+        out of a share onto devices nobody uses (`Placer.spread_out`). The new placement is
+        returned when it changes group or phase (the cluster migrates the job: spill on the old
+        node, restore on the new one)."""
+        if record.provisional:
             return None
-        found = self.queue.make_room(job, now)
-        if found is None:
+        if self.queue.queued:
+            found = self.queue.make_room(job, now)
+            moved = None if found is None else found[0]
+        else:
+            moved = self.placer.spread_out(job, now)
+        if moved is None:
             return None
-        moved, _ = found
-        old_group = record.placement.group
-        if moved.devices != record.placement.devices:
+        old = record.placement
+        if moved.devices != old.devices:
             record.step_marks, record.measured = [now], None  # measured where it now is, from here on
         record.placement = moved
         record.history.append(moved.group)
-        if moved.group != old_group:
+        if moved.group != old.group:
             record.migrations += 1
-        self._forecast(old_group, now)
+        self._forecast(old.group, now)
         self._forecast(moved.group, now)
         self._cond.notify_all()
-        return moved if moved.group != old_group or moved.phase_shift_s > 0 else None
+        return moved if moved.group != old.group or moved.phase_shift_s > 0 else None
 
     def _measured_now(self, record: JobRecord, measured: JobProfile, now: float) -> None:
         """`measured` is the profile the placer holds for the job from now on."""

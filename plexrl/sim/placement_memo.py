@@ -71,6 +71,12 @@ class MemoPlacer:
         self._history = self.memo.history(self._history, ("make_room", job, newcomer, now))
         return found
 
+    def spread_out(self, job: str, now: float) -> Placement | None:
+        """Asked of the placer itself, as `make_room`."""
+        found = self.placer.spread_out(job, now)
+        self._history = self.memo.history(self._history, ("spread_out", job, now))
+        return found
+
     def placements(self) -> dict[str, Placement]:
         return self.placer.placements()
 

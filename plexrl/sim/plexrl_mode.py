@@ -6,9 +6,11 @@ retries waiting jobs whenever a job ends. The placer's *devices* are GPUs (our w
 its node groups are the cluster's; each node group is one `Group` whose scheduler dispatches
 the requests of every job placed on it (`group.py`). A job's state shards stay on the GPUs it
 was placed on (affinity), laid out node by node so a replica's `tp` GPUs share a node whenever
-the placer gave the job whole replicas per node, until it moves: while jobs wait, a job alone on
-its GPUs moves at a step boundary onto GPUs nobody uses when that lets a waiting job start
-(defragmenting, `_make_room`; `plexrl-nodefrag` never moves one). A placement's phase shift
+the placer gave the job whole replicas per node, until it moves at a step boundary: while jobs
+wait, a job alone on its GPUs moves when that lets a waiting job start on what it leaves, onto
+GPUs nobody uses or into a share every tenant's judgement accepts (`_make_room`); while none
+waits, a job that shares GPUs moves onto GPUs nobody uses where there are some (`_on_step`,
+`Placer.spread_out`); `plexrl-nomove` never moves one. A placement's phase shift
 delays the job's first step by that much. The loop is closed: as a job's steps end, its
 measured inflation goes back to the placer (`Placer.observe`), which judges its tenants by it
 when the next job asks for their devices. A job is charged what it consumed: execution plus
@@ -96,7 +98,7 @@ class PlexRLMode(Mode):
     exclusive_groups = False  # jobs share node groups: every call goes through the request policy
 
     def __init__(self, *args, placer: Callable[..., Placer] = Placer, tail: Tail = Tail.SHARED,
-                 feedback: bool = True, elastic: bool = True, defragment: bool = True, **kwargs):
+                 feedback: bool = True, elastic: bool = True, move_jobs: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.tail = Tail(tail)
         self.elastic = elastic
@@ -110,13 +112,13 @@ class PlexRLMode(Mode):
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
         self.profiles: dict[str, JobProfile] = {}
-        self.feedback, self.defragment = feedback, defragment
-        if feedback or defragment:
+        self.feedback, self.move_jobs = feedback, move_jobs
+        if feedback or move_jobs:
             self.service.on_step = self._on_step
 
     @property
     def moves(self) -> int:
-        """Jobs moved at a step boundary to let a waiting job start."""
+        """Moves of jobs at their step boundaries (to let a waiting job start, or out of a share)."""
         return sum(len(job.moves) for job in self.by_name.values())
 
     @property
@@ -163,25 +165,38 @@ class PlexRLMode(Mode):
         self.loop.at(self.loop.now + placement.phase_shift_s, self.service.start, job)
 
     def _on_step(self, job: SimJob) -> float | None:
-        """A step of `job` ended: the closed loop's measurement, then a move if one lets a
-        waiting job start (the seconds its next step waits for the move)."""
+        """A step of `job` ended: the closed loop's measurement, then a move (the seconds its
+        next step waits for it): while jobs wait, if moving it lets one start (`_make_room`);
+        while none does, out of a share onto GPUs nobody uses (`Placer.spread_out`: sharing
+        lasts as long as it lets jobs start, and a shared job runs slower than alone)."""
         if self.feedback:
             self._measure(job)
-        if self.defragment and self.admission.queued and job.step < job.spec.steps:
+        if not self.move_jobs or job.step >= job.spec.steps:
+            return None
+        if self.admission.queued:
             return self._make_room(job)
-        return None
+        moved = self.admission.placer.spread_out(job.name, self.loop.now)
+        return None if moved is None else self._move(job, moved)
 
     def _make_room(self, job: SimJob) -> float | None:
-        """Defragmenting at `job`'s step boundary (none of its calls in flight): when moving it
-        lets a waiting job start (`AdmissionQueue.make_room`: only a job alone on its GPUs, only
-        onto GPUs nobody uses), it moves and the waiting job is launched. Its host copies (trainer,
-        reference) cross to its new nodes at `network_gb_s` per GPU, a pause before its next step
-        that counts in that step's time; each state then loads onto its new GPUs at its first
-        call (a switch). The GPUs it leaves are the newcomer's at once."""
+        """Making room at `job`'s step boundary (none of its calls in flight): when moving it
+        lets a waiting job start (`AdmissionQueue.make_room`: only a job alone on its GPUs, onto
+        GPUs nobody uses or into a share), it moves (`_move`) and the waiting job is launched on
+        the GPUs it leaves, at once."""
         found = self.admission.make_room(job.name, self.loop.now)
         if found is None:
             return None
         moved, admission = found
+        pause_s = self._move(job, moved)
+        self._launch(self.by_name[admission.job], admission.placement)
+        return pause_s
+
+    def _move(self, job: SimJob, moved: Placement) -> float:
+        """`job` goes to `moved` at its step boundary; the seconds its next step waits. Its host
+        copies (trainer, reference) cross to its new nodes at `network_gb_s` per GPU, a pause
+        before its next step that counts in that step's time; each state then loads onto its
+        new GPUs at its first call (a switch). Its old and new co-tenants are told."""
+        before = self._cotenants(job)
         old = job.workers["trainer"]  # every state of a PlexRL job is on the same GPUs (wid = device id)
         pause_s = 0.0
         if set(old) != {self.workers[d] for d in moved.devices}:
@@ -196,8 +211,7 @@ class PlexRLMode(Mode):
             for state in states_of(job.spec):
                 self.attach(job, state, workers)
             self.measured.pop(job.name, None)
-        self._cotenants_changed(self._cotenants(job) | {job.name})
-        self._launch(self.by_name[admission.job], admission.placement)
+        self._cotenants_changed(before | self._cotenants(job) | {job.name})
         return max(pause_s, moved.phase_shift_s)
 
     def _measure(self, job: SimJob) -> None:
@@ -275,8 +289,9 @@ def all_tail(workload, cluster, policy) -> PlexRLMode:
     return mode
 
 
-def no_defragment(workload, cluster, policy) -> PlexRLMode:
-    """No job moves at its step boundary to let a waiting one start: what defragmenting is worth."""
-    mode = PlexRLMode(workload, cluster, policy, defragment=False)
-    mode.name = "plexrl-nodefrag"
+def no_moves(workload, cluster, policy) -> PlexRLMode:
+    """No job moves at its step boundary, neither to let a waiting one start nor to leave a
+    share for unused GPUs: what moving jobs is worth."""
+    mode = PlexRLMode(workload, cluster, policy, move_jobs=False)
+    mode.name = "plexrl-nomove"
     return mode

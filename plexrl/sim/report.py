@@ -179,7 +179,7 @@ def summarize(result: ModeResult, baseline: ModeResult) -> dict:
         "within_slack": within_slack(result, baseline),
         "stranded_gpu_hours": stranded_hours,
         "stranded_gpu_share": stranded_share,
-        "jobs_moved": sum(len(r.moves) for r in result.records),  # moves that let a waiting job start
+        "jobs_moved": sum(len(r.moves) for r in result.records),  # moves at step boundaries (PlexRL)
         **cotenancy(result),
         "events": result.events,
         "wall_s": result.wall_s,

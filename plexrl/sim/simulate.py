@@ -26,7 +26,7 @@ from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import AloneMode, ColocatedMode
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
-from plexrl.sim.plexrl_mode import (PlexRLMode, all_tail, first_fit, no_defragment, no_shift, pack_first, pinned,
+from plexrl.sim.plexrl_mode import (PlexRLMode, all_tail, first_fit, no_moves, no_shift, pack_first, pinned,
                                     whole_tail)
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
@@ -48,7 +48,7 @@ def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
     table["plexrl-wholetail"] = lambda w, c: whole_tail(w, c, Policy.PLEXRL)
     table["plexrl-alltail"] = lambda w, c: all_tail(w, c, Policy.PLEXRL)
     table["plexrl-pinned"] = lambda w, c: pinned(w, c, Policy.PLEXRL)
-    table["plexrl-nodefrag"] = lambda w, c: no_defragment(w, c, Policy.PLEXRL)
+    table["plexrl-nomove"] = lambda w, c: no_moves(w, c, Policy.PLEXRL)
     table["alone"] = AloneMode
     return table
 

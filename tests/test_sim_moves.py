@@ -1,11 +1,17 @@
-"""Defragmenting in the simulator (issue 11): a PlexRL job alone on its GPUs moves at a step
-boundary onto GPUs nobody uses when that lets a waiting job start (`Placer.make_room`).
+"""Moves at step boundaries in the simulator (issue 11).
 
-Two node groups of 16 GPUs. `long-0` and `short-0` fill the first, `long-1` and `short-1` the
-second; the short jobs end after one step, leaving 8 GPUs free in each group, and `wide` (16
-GPUs) cannot start in either. With moves, the first long job to end a step after that moves
-onto the other group's free GPUs and `wide` starts on the GPUs it left; without
-(`plexrl-nodefrag`), `wide` waits for a long job to end."""
+Defragmenting: a PlexRL job alone on its GPUs moves onto GPUs nobody uses when that lets a
+waiting job start (`Placer.make_room`). Two node groups of 16 GPUs. `long-0` and `short-0` fill
+the first, `long-1` and `short-1` the second; the short jobs end after one step, leaving 8 GPUs
+free in each group, and `wide` (16 GPUs) cannot start in either. With moves, the first long job
+to end a step after that moves onto the other group's free GPUs and `wide` starts on the GPUs it
+left; without (`plexrl-nomove`), `wide` waits for a long job to end.
+
+Into a share and back out (`SHARING`): one node group of 16 GPUs, two code jobs (long rewards:
+their GPUs idle most of a step) on 8 GPUs each, and a math job that may share with neither
+waits. At its next step boundary a code job moves beside the other (within both jobs' slack)
+and the math job starts on the GPUs it left; once the math job ends and nobody waits, the
+shared code job moves back onto the GPUs nobody uses (`Placer.spread_out`)."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import pytest
 from plexrl.policy import Policy
 from plexrl.sim.latency import job_costs
 from plexrl.sim.phases import states_of
-from plexrl.sim.plexrl_mode import PlexRLMode, no_defragment
+from plexrl.sim.plexrl_mode import PlexRLMode, no_moves
 from plexrl.sim.report import stranded_gpus, summarize
 from plexrl.sim.runner import expand_jobs
 from plexrl.sim.workload import GB, Cluster, Workload
@@ -31,9 +37,19 @@ WORKLOAD = Workload.model_validate({
 })
 
 
+SHARED_GROUP = Cluster(name="one-group", nodes_per_pod=2, group_nodes=2)
+SHARING = Workload.model_validate({
+    "name": "sharing", "seed": 0,
+    "jobs": [
+        {"name": "code", "count": 2, "params_b": 7, "dp": 8, "steps": 6, "arrival_every_s": 2, "reward_s": 650},
+        {"name": "math", "params_b": 7, "dp": 8, "steps": 3, "arrival_s": 5, "reward_s": 10},
+    ],
+})
+
+
 @pytest.fixture(scope="module")
 def runs():
-    moving, still = PlexRLMode(WORKLOAD, CLUSTER, Policy.PLEXRL), no_defragment(WORKLOAD, CLUSTER, Policy.PLEXRL)
+    moving, still = PlexRLMode(WORKLOAD, CLUSTER, Policy.PLEXRL), no_moves(WORKLOAD, CLUSTER, Policy.PLEXRL)
     return {"moving": (moving, moving.run()), "still": (still, still.run())}
 
 
@@ -76,9 +92,36 @@ def test_the_move_pauses_the_moved_job_while_its_host_state_crosses(runs):
     assert [moved.step_times[i] for i in others] == pytest.approx([same.step_times[i] for i in others], rel=1e-12)
 
 
+@pytest.fixture(scope="module")
+def sharing():
+    moving, still = PlexRLMode(SHARING, SHARED_GROUP, Policy.PLEXRL), no_moves(SHARING, SHARED_GROUP, Policy.PLEXRL)
+    return {"moving": (moving, moving.run()), "still": (still, still.run())}
+
+
+def test_a_job_moves_into_a_share_to_let_a_waiting_job_start_and_back_out_when_none_waits(sharing):
+    _, result = sharing["moving"]
+    got, still = records(result), records(sharing["still"][1])
+    moved = [r for r in result.records if r.moves]
+    assert [r.name for r in moved] == ["code-1"] and len(moved[0].moves) == 2
+    (into, alone), (out, shared_gpus) = moved[0].moves
+    assert got["math"].placed == into and set(alone) == set(got["math"].devices)  # math on what it left
+    assert set(shared_gpus) == set(got["code-0"].devices)  # it shared code-0's GPUs
+    assert got["math"].finished <= out < got["code-1"].finished  # back out once nobody waits
+    assert not set(got["code-1"].devices) & set(got["code-0"].devices)
+    assert got["code-0"].shared and got["code-1"].shared and not got["math"].shared
+    # without moves math waits for a code job to end; with them the jobs complete sooner, in
+    # sum and the last of them, though the code jobs run slower while they share (and code-1
+    # waits once for the phase shift that aligns its steps with code-0's idle time)
+    assert still["math"].placed == min(still["code-0"].finished, still["code-1"].finished) > into
+    assert sum(r.finished - r.arrival for r in got.values()) < sum(r.finished - r.arrival for r in still.values())
+    assert max(r.finished for r in got.values()) < max(r.finished for r in still.values())
+    assert summarize(result, sharing["still"][1])["jobs_moved"] == 2
+
+
 @pytest.mark.parametrize("run", ["moving", "still"])
-def test_every_call_is_served_and_the_ledger_matches_the_busy_intervals(runs, run):
-    _, result = runs[run]
+@pytest.mark.parametrize("case", ["fragments", "sharing"])
+def test_every_call_is_served_and_the_ledger_matches_the_busy_intervals(runs, sharing, case, run):
+    _, result = (runs if case == "fragments" else sharing)[run]
     for r in result.records:
         assert r.finished is not None and r.submitted == r.served > 0
     assert result.busy_gpu_s == pytest.approx(result.ledger["device_busy_s"], rel=1e-9)
@@ -110,7 +153,8 @@ def test_stranded_gpus_follow_a_moved_job_to_its_new_gpus(runs):
     assert stranded_gpus(result)[1] < stranded_gpus(runs["still"][1])[1]
 
 
-def test_moves_are_a_pure_function_of_the_workload():
-    again = PlexRLMode(WORKLOAD, CLUSTER, Policy.PLEXRL).run()
-    first = PlexRLMode(WORKLOAD, CLUSTER, Policy.PLEXRL).run()
+@pytest.mark.parametrize("workload,cluster", [(WORKLOAD, CLUSTER), (SHARING, SHARED_GROUP)])
+def test_moves_are_a_pure_function_of_the_workload(workload, cluster):
+    again = PlexRLMode(workload, cluster, Policy.PLEXRL).run()
+    first = PlexRLMode(workload, cluster, Policy.PLEXRL).run()
     assert again.records == first.records and again.ledger == first.ledger
