@@ -519,7 +519,7 @@ def test_a_job_with_no_other_place_is_not_tried_again_until_a_release():
 
 def test_a_job_that_shares_spreads_out_onto_unused_devices():
     """While nobody waits, a shared job moves onto a device nobody uses when there is one; with
-    none, nothing changes and it is not tried again until a job is released."""
+    none, nothing changes."""
     queue, wide = crowded()
     queue.make_room("a", 2.0)  # a now shares c's device
     placer = queue.placer

@@ -9,8 +9,8 @@ left; without (`plexrl-nomove`), `wide` waits for a long job to end.
 
 Into a share and back out (`SHARING`): one node group of 16 GPUs, two code jobs (long rewards:
 their GPUs idle most of a step) on 8 GPUs each, and a math job that may share with neither
-waits. At its next step boundary a code job moves beside the other (within both jobs' slack)
-and the math job starts on the GPUs it left; once the math job ends and nobody waits, the
+waits. At its next step boundary a code job moves beside the other (a share the placer judges
+within both jobs' slack) and the math job starts on the GPUs it left; once the math job ends and nobody waits, the
 shared code job moves back onto the GPUs nobody uses (`Placer.spread_out`)."""
 
 from __future__ import annotations
