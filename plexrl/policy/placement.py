@@ -397,13 +397,11 @@ class Placer:
         key = (job, newcomer.job)
         if self._room_refused[0] == self._releases and key in self._room_refused[1]:
             return None
-        placed, measured = self._placed[job], self._measured.get(job)
-        if self._no_place_beside_itself(placed.profile):
-            self._no_other_place[job] = self._releases
-            self._free[2].pop(job, None)
+        if self._no_place_beside_itself(self._placed[job].profile):
+            self._found_no_other_place(job)
             return None
-        undo = self._version, self._releases, dict(self._cotenancy)
-        self.release(job)
+        undo = self._take_out(job)
+        placed, measured = undo[0], undo[1]
         first = self.place(newcomer, now)
         if isinstance(first, Placement):
             moved = self.place(placed.profile, now)
@@ -412,10 +410,9 @@ class Placer:
                     self._measured[job] = measured  # it stays where it was measured
                 return moved, first
             self.release(newcomer.job)
-        self._put_back(placed, measured, undo)
+        self._put_back(undo)
         if isinstance(first, Placement):
-            self._no_other_place[job] = self._releases
-            self._free[2].pop(job, None)
+            self._found_no_other_place(job)
         else:
             if self._room_refused[0] != self._releases:
                 self._room_refused = (self._releases, set())
@@ -428,23 +425,26 @@ class Placer:
         None with nothing changed. Asked while no job waits, so that sharing lasts only as long
         as it lets a job start (`make_room`, admission). A job that found no such place is not
         tried again until a job is released. Its measured inflation is dropped when it moves."""
-        rows = self._job_rows.get(job)
-        if rows is None or not (self._row_jobs[rows] > 1).any() or self._no_unused.get(job) == self._releases:
+        if not self.may_spread_out(job):
             return None
-        free, _ = self._unused()
-        if free.max(initial=0) < len(rows):
-            return None
-        placed, measured = self._placed[job], self._measured.get(job)
-        undo = self._version, self._releases, dict(self._cotenancy)
-        self.release(job)
-        moved = self.place(placed.profile, now)
+        undo = self._take_out(job)
+        moved = self.place(undo[0].profile, now)
         if isinstance(moved, Placement):
             if (self._row_jobs[self._job_rows[job]] == 1).all():
                 return moved
             self.release(job)
-        self._put_back(placed, measured, undo)
+        self._put_back(undo)
         self._no_unused[job] = self._releases
         return None
+
+    def may_spread_out(self, job: str) -> bool:
+        """Whether `spread_out` would try: the placed job shares a device, some group has as many
+        devices unused as it holds, and it was not refused since the last release. Nothing is
+        changed by asking (most step boundaries end here)."""
+        rows = self._job_rows.get(job)
+        if rows is None or not (self._row_jobs[rows] > 1).any() or self._no_unused.get(job) == self._releases:
+            return False
+        return self._unused()[0].max(initial=0) >= len(rows)
 
     def _no_place_beside_itself(self, profile: JobProfile) -> bool:
         """Whether placed `profile`'s job would wait wherever it went, its own devices taken
@@ -454,13 +454,27 @@ class Placer:
         groups = self.view.feasible_groups(twin)
         return len(groups) == 0 or self._refused_everywhere(twin, groups) is not None
 
-    def _put_back(self, placed: _Placed, measured: float | None, undo: tuple) -> None:
+    def _take_out(self, job: str) -> tuple[_Placed, float | None, int, int, dict]:
+        """A tentative move begins: placed `job` is released; returns what `_put_back` needs to
+        undo that (its placement, its measured inflation, and the counters and cotenancy cache
+        of the state it leaves)."""
+        undo = self._placed[job], self._measured.get(job), self._version, self._releases, dict(self._cotenancy)
+        self.release(job)
+        return undo
+
+    def _put_back(self, undo: tuple[_Placed, float | None, int, int, dict]) -> None:
         """A tentative move failed: the job is held where it was, as if it had never left (and
         what was cached for that state holds again)."""
+        placed, measured, version, releases, cotenancy = undo
         self._hold(placed)
         if measured is not None:
             self._measured[placed.profile.job] = measured
-        self._version, self._releases, self._cotenancy = undo
+        self._version, self._releases, self._cotenancy = version, releases, cotenancy
+
+    def _found_no_other_place(self, job: str) -> None:
+        """`make_room` does not try `job` again before a job is released (`room_if_moved` is 0)."""
+        self._no_other_place[job] = self._releases
+        self._free[2].pop(job, None)
 
     def _unused(self) -> tuple[np.ndarray, dict[str, int]]:
         """Devices nobody uses per group, and `room_if_moved`'s answers, as of the latest change."""

@@ -218,17 +218,9 @@ class JobPlacer:
                 self._measured_now(record, measured, now)
                 self._forecast(record.placement.group, now)
                 return None
-            record.refused = ""
-            old_group = record.placement.group
-            moved = decision.group != old_group
-            record.placement, record.provisional = decision, False
+            record.refused, record.provisional = "", False
             self._measured_now(record, measured, now)
-            record.history.append(decision.group)
-            if moved:
-                record.migrations += 1
-            self._forecast(old_group, now)
-            self._forecast(decision.group, now)
-            return decision if moved or decision.phase_shift_s > 0 else None
+            return self._relocate(record, decision, now)
 
     def _move(self, job: str, record: JobRecord, now: float) -> Placement | None:
         """Moves at the step boundary (under the lock), for a job placed on its measured profile:
@@ -247,17 +239,23 @@ class JobPlacer:
             moved = self.placer.spread_out(job, now)
         if moved is None:
             return None
-        old = record.placement
-        if moved.devices != old.devices:
+        if moved.devices != record.placement.devices:
             record.step_marks, record.measured = [now], None  # measured where it now is, from here on
-        record.placement = moved
-        record.history.append(moved.group)
-        if moved.group != old.group:
+        self._cond.notify_all()
+        return self._relocate(record, moved, now)
+
+    def _relocate(self, record: JobRecord, placement: Placement, now: float) -> Placement | None:
+        """The job's placement is now `placement` (re-placed or moved); its history, migrations
+        and both groups' predictions follow. Returns it when the cluster must act on it: another
+        group (a migration) or a phase shift before the job's next step."""
+        old = record.placement
+        record.placement = placement
+        record.history.append(placement.group)
+        if placement.group != old.group:
             record.migrations += 1
         self._forecast(old.group, now)
-        self._forecast(moved.group, now)
-        self._cond.notify_all()
-        return moved if moved.group != old.group or moved.phase_shift_s > 0 else None
+        self._forecast(placement.group, now)
+        return placement if placement.group != old.group or placement.phase_shift_s > 0 else None
 
     def _measured_now(self, record: JobRecord, measured: JobProfile, now: float) -> None:
         """`measured` is the profile the placer holds for the job from now on."""

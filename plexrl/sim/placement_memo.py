@@ -72,7 +72,11 @@ class MemoPlacer:
         return found
 
     def spread_out(self, job: str, now: float) -> Placement | None:
-        """Asked of the placer itself, as `make_room`."""
+        """Asked of the placer itself, as `make_room`, when it would try (`may_spread_out`): the
+        history grows by a try, not by every step boundary, so modes whose steps end at other
+        times still share the answers of their admissions."""
+        if not self.placer.may_spread_out(job):
+            return None
         found = self.placer.spread_out(job, now)
         self._history = self.memo.history(self._history, ("spread_out", job, now))
         return found
