@@ -123,6 +123,40 @@ def test_least_wait_bounds_every_wait_the_model_can_give(newcomer, tenant, infla
     assert least <= wait_s(newcomer, tenant, 1 / (1 + inflation), queued) + 1e-9
 
 
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(call_profiles("j"), min_size=2, max_size=6), st.integers(0, 2**16))
+def test_a_memo_kept_across_calls_answers_as_a_fresh_one(profiles, seed):
+    """A placer keeps `wait_inflation`'s memo across its decisions (keyed by the profiles'
+    ids). Its answers equal a fresh computation's for every set asked, also when profiles that
+    were asked about are dropped and new ones (which may be given their ids) are asked about,
+    and across the memo emptying when full."""
+    import random
+
+    rng = random.Random(seed)
+    memo: dict = {}
+    for round_ in range(4):
+        # new profiles each round, made after the last round's are dropped: CPython hands them
+        # the freed ids (the memo's entries keep the profiles they were asked about alive)
+        asked = [replace(p, job=f"j{i}", residual_s=p.residual_s * (1 + round_), rollout_residual_s=0.0)
+                 for i, p in enumerate(profiles)]
+        orders = [rng.sample(range(len(asked)), rng.randint(2, len(asked))) for _ in range(6)]
+        for order in orders + orders:
+            first, *tenants = (asked[i] for i in order)
+            assert wait_inflation(first, [(t, 1.0) for t in tenants], memo) == \
+                wait_inflation(first, [(t, 1.0) for t in tenants])
+        del asked, first, tenants
+
+
+def test_a_memo_kept_across_calls_is_emptied_when_full(monkeypatch):
+    monkeypatch.setattr(placement, "_MEMO_ENTRIES", 3)
+    a, b, c = job("a", BUSY, 4, 1.0), job("b", HALF, 3, 1.0), job("c", SHORT, 2, 0.5)
+    memo: dict = {}
+    expected = wait_inflation(a, [(b, 1.0), (c, 1.0)])
+    assert wait_inflation(a, [(b, 1.0), (c, 1.0)], memo) == expected
+    assert len(memo) <= 3
+    assert wait_inflation(a, [(b, 1.0), (c, 1.0)], memo) == expected
+
 def test_rollout_figures_beyond_the_calls_are_clear_errors():
     for bad, says in (({"rollout_barriers": 5}, "rollout_barriers must lie in [0, barriers=4]"),
                       ({"rollout_residual_s": 2.0}, "rollout_residual_s must lie in [0, residual_s=1.0]"),

@@ -246,6 +246,7 @@ class Placer:
         # (the horizon adds to a row only for a job on it and rebuilds a row from zeros on remove)
         self._row_jobs = np.zeros(len(view.row_device), dtype=np.int64)
         self._cotenancy: dict[str, tuple[dict[str, tuple[JobProfile, float]], float]] = {}  # `_cotenants`
+        self._inflation_memo: dict = {}  # the call model's answers by set of profiles (`wait_inflation`'s memo)
         self._job_rows: dict[str, np.ndarray] = {}  # placed job -> its device rows
         self._version = 0  # counts the changes of what is placed
         self._releases = 0  # counts the jobs released: only a release gives a job's move more room
@@ -684,21 +685,17 @@ class Placer:
 
         A row's cost depends on its load and hot cells alone, and the devices of a group mostly
         carry the same jobs (a job puts one share on each of its devices), so each distinct
-        (load, hot) row is costed once and copied to its twins: the same numbers, the same
-        operations in the same order per row, as costing every row (tested against that)."""
+        load row (its hot cells follow from it) is costed once and copied to its twins: the same
+        numbers, the same operations in the same order per row, as costing every row (tested
+        against that)."""
         load = self.horizon.load[first_row: first_row + len(hot)]
-        twin: dict[bytes, int] = {}
-        first = []
-        of_row = np.empty(len(hot), dtype=np.int64)
-        for d in range(len(hot)):
-            key = load[d].tobytes() + np.packbits(hot[d]).tobytes()
-            of_row[d] = twin.setdefault(key, len(first))
-            if of_row[d] == len(first):
-                first.append(d)
-        if len(first) == len(hot):
+        twin: dict[bytes, int] = {}  # a row's load bytes -> the first row with that load
+        of_row = [twin.setdefault(row.tobytes(), d) for d, row in enumerate(load)]
+        if len(twin) == len(hot):
             return self._row_costs(first_row, share, hot)
-        distinct = np.asarray(first)
-        return self._row_costs(first_row, share, hot, distinct)[of_row]
+        distinct = np.fromiter(twin.values(), dtype=np.int64, count=len(twin))
+        index = {d: i for i, d in enumerate(twin.values())}
+        return self._row_costs(first_row, share, hot, distinct)[[index[d] for d in of_row]]
 
     def _row_costs(self, first_row: int, share: np.ndarray, hot: np.ndarray,
                    only: np.ndarray | None = None) -> np.ndarray:
@@ -943,7 +940,7 @@ class Placer:
         if self.pooled:
             devices = int(self.view.capacity[int(self._row_group[rows[0]])])
             return pooled_inflation(profile, [t for t, _ in tenants.values()], devices)
-        return wait_inflation(profile, tenants.values())
+        return wait_inflation(profile, tenants.values(), self._inflation_memo)
 
     def _hold(self, placed: _Placed) -> None:
         job, p = placed.profile.job, placed.placement
@@ -961,7 +958,7 @@ class Placer:
         return [self.view.device_rows[d] for d in placed.placement.devices]
 
 
-def wait_inflation(profile: JobProfile, tenants) -> float:
+def wait_inflation(profile: JobProfile, tenants, memo: dict | None = None) -> float:
     """Step inflation of `profile`'s job from sharing devices with `tenants`, (profile,
     fraction of the job's devices shared) pairs; a tenant counts whole on any share (see the
     module docstring; each wait is `wait_s`: elastic rollout turns share a tenant's rollouts'
@@ -969,14 +966,16 @@ def wait_inflation(profile: JobProfile, tenants) -> float:
     busy shares sum to at most 1 interleave (each collision pushes the later one into the
     other's idle time) and lock onto the slowest period; others meet at random phases and
     wait for the rest of the call they find, and for the calls of tenants queued ahead
-    (`_queued_ahead`)."""
+    (`_queued_ahead`). `memo` keeps answers across calls (a placer's: it asks about the same
+    sets of jobs in decision after decision); by default one call's."""
     tenants = [tenant for tenant, fraction in tenants if fraction > 0]
     if not tenants:
         return 0.0
-    return _inflations((profile, *tenants), {})[0]
+    return _inflations((profile, *tenants), {} if memo is None else memo)[0]
 
 
 _QUEUED_TENANTS = 4  # beyond this many tenants, the first-order wait only (2^n subsystems otherwise)
+_MEMO_ENTRIES = 1 << 16  # an `_inflations` memo kept across calls is emptied when it holds this many
 
 
 def _inflations(jobs: tuple[JobProfile, ...], memo: dict) -> list[float]:
@@ -990,10 +989,15 @@ def _inflations(jobs: tuple[JobProfile, ...], memo: dict) -> list[float]:
     too (its mean phase, busy / barriers), first come first served. With one co-tenant this is
     the first-order wait. `plexrl bench cotenancy` on crowded-256's classes, three on a device:
     mean error 16 points where the rest alone gave 21 (three math-7b: 179% against 191%,
-    where it gave 173%). More than `_QUEUED_TENANTS` tenants: the first-order wait only."""
-    key = tuple(id(job) for job in jobs)  # the profiles live through the one top-level call
-    if key in memo:
-        return memo[key]
+    where it gave 173%). More than `_QUEUED_TENANTS` tenants: the first-order wait only.
+
+    `memo` maps the ids of a set's profiles to (the profiles, their inflations): the answer is a
+    function of the profiles alone, and the entry keeps them alive, so no id in its key can
+    be another profile's while it stands."""
+    key = tuple(map(id, jobs))
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[1]
     if len(jobs) == 1:
         out = [0.0]
     elif len(jobs) == 2:
@@ -1011,8 +1015,11 @@ def _inflations(jobs: tuple[JobProfile, ...], memo: dict) -> list[float]:
             without = _inflations(others, memo)  # the others as x finds them
             wait = sum(wait_s(job, t, 1 / (1 + i), _queued_ahead(t, i)) for t, i in zip(others, without))
             out.append(wait / job.period_s)
-    memo[key] = _conserving([_busy_s(j) / j.period_s for j in jobs], out, 1.0)
-    return memo[key]
+    out = _conserving([_busy_s(j) / j.period_s for j in jobs], out, 1.0)
+    if len(memo) >= _MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = (jobs, out)
+    return out
 
 
 def _conserving(busy: list[float], inflations: list[float], capacity: float) -> list[float]:

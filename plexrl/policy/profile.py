@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -142,9 +143,10 @@ class JobProfile:
         """Host bytes of each shared model's one copy per node, by key (`ModelMemory.shared`)."""
         return {m.shared: m.host_bytes for m in self.models if m.shared}
 
-    @property
+    @cached_property
     def busy_device_s(self) -> float:
-        """Device-seconds the job is busy over one step."""
+        """Device-seconds the job is busy over one step (computed once: placement asks it of
+        every tenant in every decision)."""
         return sum(self.demand) * self.slot_s
 
     def cumulative(self) -> np.ndarray:
