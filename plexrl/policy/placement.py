@@ -247,6 +247,7 @@ class Placer:
         self._row_jobs = np.zeros(len(view.row_device), dtype=np.int64)
         self._cotenancy: dict[str, tuple[dict[str, tuple[JobProfile, float]], float]] = {}  # `_cotenants`
         self._inflation_memo: dict = {}  # the call model's answers by set of profiles (`wait_inflation`'s memo)
+        self._node_tenancy: dict[int, list[tuple[tuple[str, ...], int]]] = {}  # `_tenancies`, until a change
         self._job_rows: dict[str, np.ndarray] = {}  # placed job -> its device rows
         self._version = 0  # counts the changes of what is placed
         self._releases = 0  # counts the jobs released: only a release gives a job's move more room
@@ -349,6 +350,7 @@ class Placer:
             self._open_ended -= not placed.profile.ends
             self._row_jobs[self._job_rows.pop(job)] -= 1
             self._cotenancy.clear()
+            self._node_tenancy.clear()
             self._version += 1
             self._releases += 1
 
@@ -860,17 +862,16 @@ class Placer:
             for node in range(first, first + len(self.view.groups[g].nodes)):
                 if units[node] <= 0:
                     continue
-                for row in range(*self.view.node_rows[node]):
-                    names = self.horizon.names_on(row)
+                for names, rows in self._tenancies(node):
                     if names not in cells:  # rows with the same jobs wait alike and are barred alike
                         tenants = [self._placed[j].profile for j in names]
                         cell = (sum(_least_wait(profile, t) for t in tenants),
                                 _interleave(profile, tenants, margin=1e-9))
                         cells[names] = cell, next((j for j in names if self._bars(profile, j, barred)), None)
                     cell, hurt = cells[names]
-                    every.append(cell)
+                    every += [cell] * rows
                     if hurt is None:
-                        unbarred.append(cell)
+                        unbarred += [cell] * rows
                     else:
                         tenant = tenant or hurt
             bound = self._own_bound(profile, every)
@@ -890,6 +891,19 @@ class Placer:
             return Wait(f"job {profile.job!r} would slow job {tenant!r} or another co-tenant beyond its slack {where}")
         return Wait(f"job {profile.job!r} would be slowed beyond its slack of {limit:.0%} or slow a "
                     f"co-tenant beyond theirs (e.g. job {tenant!r}) {where}")
+
+    def _tenancies(self, node: int) -> list[tuple[tuple[str, ...], int]]:
+        """The distinct sets of jobs on `node`'s rows (`Horizon.names_on`), in the order of
+        their first row, with how many rows carry each; kept until the placements change (a
+        queue retried on one release asks about the same nodes for every waiting job)."""
+        found = self._node_tenancy.get(node)
+        if found is None:
+            counts: dict[tuple[str, ...], int] = {}
+            for row in range(*self.view.node_rows[node]):
+                names = self.horizon.names_on(row)
+                counts[names] = counts.get(names, 0) + 1
+            found = self._node_tenancy[node] = list(counts.items())
+        return found
 
     def _own_bound(self, profile: JobProfile, rows: list[tuple[float, bool]]) -> float:
         """A lower bound of the newcomer's inflation on any `devices` of `rows`, (the least it
@@ -952,6 +966,7 @@ class Placer:
         self._placed[job] = placed
         self._open_ended += not placed.profile.ends
         self._cotenancy.clear()
+        self._node_tenancy.clear()
         self._version += 1
 
     def _rows_of(self, placed: _Placed) -> list[int]:
