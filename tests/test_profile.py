@@ -188,6 +188,22 @@ def test_profiling_needs_a_complete_step():
         profile_from_events(steps([0.0]) + request(1, 0, 0, 1), "j", 1.0, MODELS)
 
 
+def test_a_step_that_took_no_time_is_left_out():
+    """Two step marks at one moment (a client reporting a step it did no work in) make a step
+    of no length: it has no shape to stretch onto the period, so it neither dilutes the demand
+    nor is divided by zero (the runtime saw that warning while serving Tinker clients)."""
+    import warnings
+
+    events = square_wave_log(n_steps=2)
+    doubled = events + [{"t": 10.0, "event": "step", "job": "j", "step": 99}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        measured = profile_from_events(doubled, "j", slot_s=1.0, models=MODELS)
+    assert measured == profile_from_events(events, "j", slot_s=1.0, models=MODELS)
+    with pytest.raises(ValueError, match="a step that took time"):
+        profile_from_events(steps([3.0, 3.0]) + request(1, 0, 0, 1), "j", 1.0, MODELS)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     n_steps=st.integers(1, 4),

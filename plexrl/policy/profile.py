@@ -204,21 +204,28 @@ def profile_from_events(
     bounds = alone(raw_bounds)
     moved = alone(np.asarray([(a, b) for a, b, _, _ in spans], dtype=float).reshape(-1, 2))
     intervals = [(a, b, d) for (a, b), (_, _, d, _) in zip(moved.tolist(), spans)]
-    durations = np.diff(bounds)
-    period = float(np.median(durations))
+    # a step that took no time (two marks at one moment, or nothing but waits, cut out above)
+    # has no shape to stretch onto the period: it is left out
+    timed = np.diff(bounds) > 0
+    if not timed.any():
+        raise ValueError(f"job {job!r}: profiling needs a step that took time; its {len(timed)} complete "
+                         f"step(s) took none (their 'step' records are at one moment)")
+    starts, ends_s = bounds[:-1][timed], bounds[1:][timed]
+    n_steps = len(starts)
+    period = float(np.median(ends_s - starts))
     slots = max(1, round(period / slot_s))
     busy = np.zeros(slots)
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in zip(starts, ends_s):
         busy += _fold_step(intervals, start, end, period, slots)
     # its calls at once: a transition of its state on another device is the runtime's doing
     requests = [interval for interval, (_, _, _, request) in zip(intervals, spans) if request]
     n_devices = devices if devices is not None else max(1, _most_at_once(requests, bounds[0], bounds[-1]))
-    demand = np.minimum(busy / len(durations) / (period / slots), n_devices)
+    demand = np.minimum(busy / n_steps / (period / slots), n_devices)
     within = [(a, b) for _, a, b in calls if raw_bounds[0] <= a < raw_bounds[-1]]
     squares = sum((b - a) ** 2 for a, b in within)
     return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack,
-                      barriers=max(1, round(_phases(within) / len(durations))) if within else 0,
-                      residual_s=squares / len(durations) / (2 * period) / n_devices, ends=ends)
+                      barriers=max(1, round(_phases(within) / n_steps)) if within else 0,
+                      residual_s=squares / n_steps / (2 * period) / n_devices, ends=ends)
 
 
 def _job_records(events: Iterable[Mapping], job: str) -> list[Mapping]:
