@@ -18,6 +18,7 @@ Online profiling (`profile_from_events`) turns the runtime's event log into a pr
   co-tenants took from it, not part of its profile, and is cut out of the timeline before
   the steps are folded (a job measured while sharing is otherwise measured with the
   inflation that sharing gave it, and then judged against it: the closed loop would see 0);
+  a step that then takes no time (or whose two marks are at one moment) is left out;
 - its calls, for the co-tenancy model (`JobProfile.barriers`, `residual_s`): a phase is a set
   of the job's device calls that overlap in time (a job whose calls run one at a time has a
   phase per call); a call lasts from its dispatch (its own loads included) to its end.
@@ -209,7 +210,8 @@ def profile_from_events(
     timed = np.diff(bounds) > 0
     if not timed.any():
         raise ValueError(f"job {job!r}: profiling needs a step that took time; its {len(timed)} complete "
-                         f"step(s) took none (their 'step' records are at one moment)")
+                         f"step(s) took none (their 'step' records at one moment, or nothing but waits "
+                         f"for devices between them)")
     starts, ends_s = bounds[:-1][timed], bounds[1:][timed]
     n_steps = len(starts)
     period = float(np.median(ends_s - starts))
