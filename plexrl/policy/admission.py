@@ -131,6 +131,17 @@ class AdmissionQueue:
                 admitted.append(self.admitted[waiting.profile.job])
         return admitted
 
+    def move(self, job: str, now: float) -> tuple[Placement, Admission | None] | None:
+        """Moves at placed `job`'s step boundary, the rule both fronts follow: while jobs wait,
+        when moving it lets one start (`make_room`: returns its new placement and the
+        admission); while none waits, out of a share onto devices nobody uses
+        (`Placer.spread_out`: its new placement, no admission), so that sharing lasts as long as
+        it lets jobs start. None when it stays where it is."""
+        if self._waiting:
+            return self.make_room(job, now)
+        moved = self.placer.spread_out(job, now)
+        return None if moved is None else (moved, None)
+
     def make_room(self, job: str, now: float) -> tuple[Placement, Admission] | None:
         """Making room, at placed `job`'s step boundary: the first waiting job (in submission
         order) that can start if `job` moves (`Placer.make_room`) is admitted; returns (the job's

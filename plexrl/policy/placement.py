@@ -210,6 +210,18 @@ class _Placed:
 
 
 @dataclass(frozen=True)
+class _Undo:
+    """What a tentative move's release changed (`Placer._take_out`), to put back."""
+    placed: _Placed
+    measured: float | None  # the job's measured inflation
+    version: int
+    releases: int
+    cotenancy: dict  # `Placer._cotenancy`, `_node_tenancy` and `_free` as they were
+    node_tenancy: dict
+    free: tuple
+
+
+@dataclass(frozen=True)
 class _Candidate:
     group: int
     shift: int  # index into the decision's shifts
@@ -404,7 +416,7 @@ class Placer:
             self._found_no_other_place(job)
             return None
         undo = self._take_out(job)
-        placed, measured = undo[0], undo[1]
+        placed, measured = undo.placed, undo.measured
         first = self.place(newcomer, now)
         if isinstance(first, Placement):
             moved = self.place(placed.profile, now)
@@ -431,7 +443,7 @@ class Placer:
         if not self.may_spread_out(job):
             return None
         undo = self._take_out(job)
-        moved = self.place(undo[0].profile, now)
+        moved = self.place(undo.placed.profile, now)
         if isinstance(moved, Placement):
             if (self._row_jobs[self._job_rows[job]] == 1).all():
                 return moved
@@ -457,22 +469,22 @@ class Placer:
         groups = self.view.feasible_groups(twin)
         return len(groups) == 0 or self._refused_everywhere(twin, groups) is not None
 
-    def _take_out(self, job: str) -> tuple[_Placed, float | None, int, int, dict]:
+    def _take_out(self, job: str) -> _Undo:
         """A tentative move begins: placed `job` is released; returns what `_put_back` needs to
-        undo that (its placement, its measured inflation, and the counters and cotenancy cache
-        of the state it leaves)."""
-        undo = self._placed[job], self._measured.get(job), self._version, self._releases, dict(self._cotenancy)
+        undo that."""
+        undo = _Undo(self._placed[job], self._measured.get(job), self._version, self._releases,
+                     dict(self._cotenancy), dict(self._node_tenancy), self._free)
         self.release(job)
         return undo
 
-    def _put_back(self, undo: tuple[_Placed, float | None, int, int, dict]) -> None:
+    def _put_back(self, undo: _Undo) -> None:
         """A tentative move failed: the job is held where it was, as if it had never left (and
-        what was cached for that state holds again)."""
-        placed, measured, version, releases, cotenancy = undo
-        self._hold(placed)
-        if measured is not None:
-            self._measured[placed.profile.job] = measured
-        self._version, self._releases, self._cotenancy = version, releases, cotenancy
+        every cache of that state holds again, whatever the tentative states computed)."""
+        self._hold(undo.placed)
+        if undo.measured is not None:
+            self._measured[undo.placed.profile.job] = undo.measured
+        self._version, self._releases = undo.version, undo.releases
+        self._cotenancy, self._node_tenancy, self._free = undo.cotenancy, undo.node_tenancy, undo.free
 
     def _found_no_other_place(self, job: str) -> None:
         """`make_room` does not try `job` again before a job is released (`room_if_moved` is 0)."""

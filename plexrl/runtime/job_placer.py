@@ -223,8 +223,8 @@ class JobPlacer:
             return self._relocate(record, decision, now)
 
     def _move(self, job: str, record: JobRecord, now: float) -> Placement | None:
-        """Moves at the step boundary (under the lock), for a job placed on its measured profile:
-        while jobs wait, when moving it lets one start (`AdmissionQueue.make_room`: only off
+        """Moves at the step boundary (under the lock, `AdmissionQueue.move`), for a job placed on
+        its measured profile: while jobs wait, when moving it lets one start (`make_room`: only off
         devices it uses alone, onto devices nobody uses or into a share every tenant's judgement
         accepts), and the waiting job's `admit` is woken with its placement; while none waits,
         out of a share onto devices nobody uses (`Placer.spread_out`). The new placement is
@@ -232,13 +232,10 @@ class JobPlacer:
         node, restore on the new one)."""
         if record.provisional:
             return None
-        if self.queue.queued:
-            found = self.queue.make_room(job, now)
-            moved = None if found is None else found[0]
-        else:
-            moved = self.placer.spread_out(job, now)
-        if moved is None:
+        found = self.queue.move(job, now)
+        if found is None:
             return None
+        moved = found[0]
         if moved.devices != record.placement.devices:
             record.step_marks, record.measured = [now], None  # measured where it now is, from here on
         self._cond.notify_all()

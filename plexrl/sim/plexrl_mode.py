@@ -8,9 +8,9 @@ the requests of every job placed on it (`group.py`). A job's state shards stay o
 was placed on (affinity), laid out node by node so a replica's `tp` GPUs share a node whenever
 the placer gave the job whole replicas per node, until it moves at a step boundary: while jobs
 wait, a job alone on its GPUs moves when that lets a waiting job start on what it leaves, onto
-GPUs nobody uses or into a share every tenant's judgement accepts (`_make_room`); while none
-waits, a job that shares GPUs moves onto GPUs nobody uses where there are some (`_on_step`,
-`Placer.spread_out`); `plexrl-nomove` never moves one. A placement's phase shift
+GPUs nobody uses or into a share every tenant's judgement accepts; while none waits, a job
+that shares GPUs moves onto GPUs nobody uses where there are some (`_on_step`,
+`AdmissionQueue.move`); `plexrl-nomove` never moves one. A placement's phase shift
 delays the job's first step by that much. The loop is closed: as a job's steps end, its
 measured inflation goes back to the placer (`Placer.observe`), which judges its tenants by it
 when the next job asks for their devices. A job is charged what it consumed: execution plus
@@ -166,29 +166,21 @@ class PlexRLMode(Mode):
 
     def _on_step(self, job: SimJob) -> float | None:
         """A step of `job` ended: the closed loop's measurement, then a move (the seconds its
-        next step waits for it): while jobs wait, if moving it lets one start (`_make_room`);
-        while none does, out of a share onto GPUs nobody uses (`Placer.spread_out`: sharing
-        lasts as long as it lets jobs start, and a shared job runs slower than alone)."""
+        next step waits for it; `AdmissionQueue.move`): while jobs wait, if moving it lets one
+        start, which is launched on the GPUs it leaves at once; while none does, out of a share
+        onto GPUs nobody uses (sharing lasts as long as it lets jobs start, and a shared job runs
+        slower than alone)."""
         if self.feedback:
             self._measure(job)
         if not self.move_jobs or job.step >= job.spec.steps:
             return None
-        if self.admission.queued:
-            return self._make_room(job)
-        moved = self.admission.placer.spread_out(job.name, self.loop.now)
-        return None if moved is None else self._move(job, moved)
-
-    def _make_room(self, job: SimJob) -> float | None:
-        """Making room at `job`'s step boundary (none of its calls in flight): when moving it
-        lets a waiting job start (`AdmissionQueue.make_room`: only a job alone on its GPUs, onto
-        GPUs nobody uses or into a share), it moves (`_move`) and the waiting job is launched on
-        the GPUs it leaves, at once."""
-        found = self.admission.make_room(job.name, self.loop.now)
+        found = self.admission.move(job.name, self.loop.now)
         if found is None:
             return None
         moved, admission = found
         pause_s = self._move(job, moved)
-        self._launch(self.by_name[admission.job], admission.placement)
+        if admission is not None:
+            self._launch(self.by_name[admission.job], admission.placement)
         return pause_s
 
     def _move(self, job: SimJob, moved: Placement) -> float:
