@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from plexrl.rl.demo import MUX_DEVICES, demo_jobs, exclusive_schedule
+from plexrl.rl.demo import MUX_DEVICES, Progress, demo_jobs, exclusive_schedule
 
 
 def run_demo(out, *options) -> dict:
@@ -49,6 +49,16 @@ def test_more_jobs_cycle_through_the_three_with_new_names_and_seeds():
     assert [s.task for s in six[3:]] == [s.task for s in three]
     assert len({s.name for s in six}) == 6 and len({s.seed for s in six}) == 6
     assert [s.name for s in demo_jobs(quick=True, jobs=2)] == [s.name for s in three[:2]]
+
+
+def test_what_prints_after_the_live_progress_starts_a_line_of_its_own(capsys):
+    """Off a terminal (`make demo | tee log`) rich ends a live display's last render without a
+    newline; the final table's title used to join its last line."""
+    progress = Progress(demo_jobs(quick=True), enabled=True)
+    with progress:
+        progress.cluster_line = "utilisation 50%  switches 3\ntools-rpp/policy: device:0"
+    progress.say("after")
+    assert "\nafter\n" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -382,6 +382,8 @@ class Progress:
         if self.live is not None:
             self.live.update(self.render())
             self.live.__exit__(*exc)
+            if not self.console.is_terminal:  # rich ends a live display's last render without a
+                self.console.line()           # newline off a terminal: the next print would join it
 
     def say(self, text: str) -> None:
         self.console.print(text)
