@@ -14,7 +14,10 @@ import sys
 
 import pytest
 
-from plexrl.rl.demo import MUX_DEVICES, Progress, demo_jobs, exclusive_schedule
+from plexrl.policy import ModelMemory, profile_from_events
+from plexrl.policy.placement import pooled_inflation
+from plexrl.rl.demo import MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, predicted_from_alone
+from plexrl.runtime.config import ClusterConfig
 
 
 def run_demo(out, *options) -> dict:
@@ -162,6 +165,60 @@ def test_the_placers_prediction_is_reported_against_the_realised_slowdown(demo):
 
 
 @pytest.mark.slow
+def test_the_model_on_the_profiles_measured_alone_is_reported_too(demo):
+    """Beside the runtime's prediction (profiles measured while sharing), the same model on the
+    profiles of the dedicated runs, from the event log the demo wrote, with the co-tenants each
+    job had (the jobs not yet done), and the devices the jobs keep busy alone."""
+    summary, out = demo
+    with open(out / "events-dedicated.jsonl") as f:
+        dedicated = [json.loads(line) for line in f]
+    alone = predicted_from_alone(demo_jobs(quick=True), dedicated, summary["jct_mux_s"])
+    for job in summary["jobs"]:
+        assert job["inflation_predicted_alone"] == pytest.approx(alone[job["name"]]["inflation_predicted"])
+        assert job["busy_share_dedicated"] == pytest.approx(alone[job["name"]]["busy_share"])
+        assert 0 < job["busy_share_dedicated"] <= 1  # one device, alone
+    assert summary["inflation_mae_waiting_alone"] == pytest.approx(
+        sum(abs(j["inflation_predicted_alone"] - j["slowdown_waiting"]) for j in summary["jobs"]) / len(summary["jobs"]))
+    assert summary["busy_shares_dedicated"] == pytest.approx(sum(j["busy_share_dedicated"] for j in summary["jobs"]))
+
+
+def dedicated_log(jobs: dict[str, float], steps: int = 10) -> list[dict]:
+    """Each job alone on device 0: steps of 1 s, one call per step busy for `jobs[name]` of it."""
+    events = []
+    for k, (name, busy) in enumerate(jobs.items()):
+        t0 = 100.0 * k  # one after another
+        for i in range(steps + 1):
+            events.append({"t": t0 + i, "event": "step", "job": name, "step": i})
+        for i in range(steps):
+            base = {"job": name, "model": "policy", "fn": "sample", "request_id": 1000 * k + i}
+            events += [{"t": t0 + i, "event": "arrival", **base},
+                       {"t": t0 + i, "event": "dispatch", "device": 0, **base},
+                       {"t": t0 + i, "event": "start", "device": 0, **base},
+                       {"t": t0 + i + busy, "event": "end", "device": 0, **base}]
+    return events
+
+
+def test_the_prediction_from_alone_counts_the_co_tenants_each_job_had():
+    """Three jobs that each keep one device busy 90% of the time, on two devices: two of them
+    never wait for each other (one call at a time each), three do (at least 35%: 2.7 devices of
+    work on 2). A job that outlives the third is predicted the three-job figure until the third
+    ends and nothing after, weighted by steps as `Forecast` weighs them."""
+    specs = demo_jobs(quick=True)
+    names = [s.name for s in specs]
+    log = dedicated_log({name: 0.9 for name in names})
+    ends = {names[0]: 20.0, names[1]: 20.0, names[2]: 10.0}
+    alone = predicted_from_alone(specs, log, ends)
+    assert [alone[n]["busy_share"] for n in names] == pytest.approx([0.9] * 3)
+    profiles = {n: profile_from_events(log, n, ClusterConfig.slot_s, [ModelMemory(n, 0, 0)]) for n in names}
+    three = pooled_inflation(profiles[names[2]], [profiles[names[0]], profiles[names[1]]], MUX_DEVICES)
+    assert three >= 0.35 and alone[names[2]]["inflation_predicted"] == pytest.approx(three)
+    assert pooled_inflation(profiles[names[0]], [profiles[names[1]]], MUX_DEVICES) == 0.0
+    first = pooled_inflation(profiles[names[0]], [profiles[names[1]], profiles[names[2]]], MUX_DEVICES)
+    weight = 10.0 / (1 + first)  # its first 10 s hold that many seconds' worth of its steps alone
+    assert alone[names[0]]["inflation_predicted"] == pytest.approx(first * weight / (weight + 10.0))
+
+
+@pytest.mark.slow
 def test_more_jobs_than_devices(tmp_path):
     summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4", "--read-replicas", "off")
     assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]
@@ -194,3 +251,12 @@ def test_outputs_written(demo):
     _, out = demo
     for name in ("rewards.png", "timeline.png", "cost.png", "events.jsonl", "summary.json"):
         assert (out / name).stat().st_size > 0, name
+
+
+def test_no_prediction_from_alone_without_a_complete_step():
+    """`plexrl demo --steps 1`: one step mark per job, nothing to profile; nothing is predicted."""
+    specs = demo_jobs(quick=True)
+    log = [e for e in dedicated_log({s.name: 0.9 for s in specs}, steps=1) if not (e["event"] == "step" and e["step"])]
+    ends = {s.name: 1.0 for s in specs}
+    assert predicted_from_alone(specs, log, ends) == {s.name: {"busy_share": None, "inflation_predicted": None}
+                                                      for s in specs}

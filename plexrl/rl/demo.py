@@ -42,7 +42,9 @@ from pathlib import Path
 
 from plexrl import engines
 from plexrl.models.tiny import parameter_count
-from plexrl.policy import waited_s
+from plexrl.policy import Forecast, ModelMemory, profile_from_events, waited_s
+from plexrl.policy.placement import pooled_inflation
+from plexrl.runtime.config import ClusterConfig
 from plexrl.rl import demo_plots
 from plexrl.rl.spec import JobSpec
 from plexrl.rl.train import JobResult, controllers, run_job
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         budget = states + max(reserves.values())  # what states may use, and activations beside them
         mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out)
     waits = {s.name: (waited_s(dedicated_events, s.name), waited_s(events, s.name)) for s in specs}
-    summary = summarise(specs, dedicated, exclusive, mux, metrics, args, waits)
+    alone = predicted_from_alone(specs, dedicated_events, metrics["jct_s"])
+    summary = summarise(specs, dedicated, exclusive, mux, metrics, args, waits, alone)
     write_outputs(summary, events, out)
     if args.json:
         print(json.dumps(summary))
@@ -221,15 +224,46 @@ def warm_up(cluster, models) -> None:
 
 # ---------------------------------------------------------------------------- the comparison
 
+def predicted_from_alone(specs, dedicated_events: list[dict], ends: dict[str, float],
+                         slot_s: float = ClusterConfig.slot_s) -> dict[str, dict]:
+    """The placer's model of the multiplexed devices (`pooled_inflation`) on the jobs' profiles
+    measured alone (their dedicated runs) instead of while sharing. Per job: `busy_share`, the
+    devices its calls keep busy alone, and `inflation_predicted`, beside the jobs not yet done
+    (every job starts at once; `ends`: seconds from the start to each job's end), averaged over
+    its steps as the runtime's prediction is (`Forecast`). It tells the model's error from the
+    error of what the runtime measured: while sharing, a job is profiled with its waits for
+    devices cut out, but everything else it waited for (here: its controller for a core) stays in.
+    None for every job when a job has no complete step to profile."""
+    profiles = {}
+    for spec in specs:
+        try:  # memory plays no part in the prediction; a profile needs a model, so it gets an empty one
+            profiles[spec.name] = profile_from_events(dedicated_events, spec.name, slot_s,
+                                                      [ModelMemory(spec.name, 0, 0)])
+        except ValueError:  # not one complete step to measure (`--steps 1`)
+            return {s.name: {"busy_share": None, "inflation_predicted": None} for s in specs}
+    out = {}
+    for name, profile in profiles.items():
+        forecast = Forecast(0.0)
+        for t in [0.0, *sorted(end for job, end in ends.items() if end < ends[name])]:
+            others = [p for job, p in profiles.items() if job != name and ends[job] > t]
+            forecast.update(t, pooled_inflation(profile, others, MUX_DEVICES), bool(others))
+        forecast.close(ends[name])
+        out[name] = {"busy_share": profile.busy_device_s / profile.period_s,
+                     "inflation_predicted": forecast.mean(ends[name])}
+    return out
+
+
 def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_run: list[tuple[dict, JobResult]],
-              mux: dict[str, JobResult], metrics: dict, args, waits: dict[str, tuple[float, float]]) -> dict:
+              mux: dict[str, JobResult], metrics: dict, args, waits: dict[str, tuple[float, float]],
+              alone: dict[str, dict]) -> dict:
     """`exclusive_run`: per job (in `specs` order), its row of the exclusive schedule run and its
     result there; `waits`: per job, the seconds it waited for a device held by others
-    (`policy.waited_s`), dedicated and multiplexed."""
+    (`policy.waited_s`), dedicated and multiplexed; `alone`: `predicted_from_alone`."""
     jobs = [job_row(spec, *dedicated[spec.name], in_exclusive, mux[spec.name], metrics["jobs"].get(spec.name, {}),
-                    metrics["placement"].get(spec.name, {}), waits[spec.name])
+                    metrics["placement"].get(spec.name, {}), waits[spec.name], alone[spec.name])
             for spec, (_, in_exclusive) in zip(specs, exclusive_run, strict=True)]
     predicted = [j for j in jobs if j["inflation_predicted"] is not None]
+    alone_unmeasured = any(j["inflation_predicted_alone"] is None for j in jobs)
     consumed = sum(j["consumed_device_s"] for j in jobs)
     reserved = sum(j["reserved_device_s"] for j in jobs)
     busy = metrics["device_busy_s"]
@@ -253,6 +287,11 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
         "inflation_mae": mean([abs(j["inflation_predicted"] - j["slowdown"]) for j in predicted]) if predicted else None,
         "inflation_mae_waiting": mean([abs(j["inflation_predicted"] - j["slowdown_waiting"]) for j in predicted])
         if predicted else None,
+        # the same model on the profiles measured alone (`predicted_from_alone`), and the devices the
+        # jobs' calls keep busy alone, together (the pool has MUX_DEVICES)
+        "inflation_mae_waiting_alone": None if alone_unmeasured else
+        mean([abs(j["inflation_predicted_alone"] - j["slowdown_waiting"]) for j in jobs]),
+        "busy_shares_dedicated": None if alone_unmeasured else sum(j["busy_share_dedicated"] for j in jobs),
         "profiles_unmeasured": len(jobs) - len(predicted),
         "placements_provisional": sum(bool(j["placement_provisional"]) for j in jobs),
         "makespan_mux_s": metrics["makespan_s"],
@@ -305,7 +344,7 @@ def exclusive_schedule(durations: list[tuple[str, float]], devices: int) -> list
 
 
 def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, exclusive: JobResult, mux: JobResult,
-            usage: dict, placed: dict, waits: tuple[float, float]) -> dict:
+            usage: dict, placed: dict, waits: tuple[float, float], alone: dict) -> dict:
     window = max(1, spec.steps // 4)  # single steps are noisy: compare the first and last quarter
     slowed = slowdown(mux.step_s, dedicated.step_s)
     # the part of the slowdown that is waiting for devices held by other jobs; the rest is its calls
@@ -327,6 +366,9 @@ def job_row(spec: JobSpec, dedicated: JobResult, dedicated_busy_s: float, exclus
         # is still the provisional one, made on a guess without a slack check (a job brought no profile)
         "inflation_predicted": placed.get("inflation_predicted"), "placement_provisional": placed.get("provisional"),
         "replacement_refused": placed.get("replacement_refused"),  # the placer's reason, when it kept the job put
+        # the devices its calls keep busy alone (its dedicated run), and the placer's model on the
+        # profiles measured alone (`predicted_from_alone`)
+        "busy_share_dedicated": alone["busy_share"], "inflation_predicted_alone": alone["inflation_predicted"],
         "consumed_device_s": usage.get("consumed_device_s", 0.0),
         "switch_s": usage.get("switch_s", 0.0),
         "queue_wait_s": usage.get("queue_wait_s", 0.0),
@@ -453,7 +495,10 @@ class Progress:
             f"jobs within their slack (mean step multiplexed vs alone): {summary['within_slack']:.0%}   "
             f"placer's predicted inflation vs realised: mean error {_percent(summary['inflation_mae'])}, "
             f"{_percent(summary['inflation_mae_waiting'])} vs its waiting for devices "
-            f"({summary['profiles_unmeasured']} of {len(summary['jobs'])} jobs never measured)\n"
+            f"({summary['profiles_unmeasured']} of {len(summary['jobs'])} jobs never measured); "
+            f"{_percent(summary['inflation_mae_waiting_alone'])} on their profiles measured alone"
+            + ("" if summary["busy_shares_dedicated"] is None else
+               f" (together {summary['busy_shares_dedicated']:.2f} devices busy)") + "\n"
             f"switches {summary['switches']} (overhead {summary['switch_overhead']:.1%} of busy time)   "
             f"identical rewards: {summary['identical_rewards']}\n"
             f"plots, events.jsonl and summary.json in {summary['out']}/")
