@@ -218,6 +218,15 @@ def test_the_prediction_from_alone_counts_the_co_tenants_each_job_had():
     assert alone[names[0]]["inflation_predicted"] == pytest.approx(first * weight / (weight + 10.0))
 
 
+def test_no_prediction_from_alone_without_a_complete_step():
+    """`plexrl demo --steps 1`: one step mark per job, nothing to profile; nothing is predicted."""
+    specs = demo_jobs(quick=True)
+    log = [e for e in dedicated_log({s.name: 0.9 for s in specs}, steps=1) if not (e["event"] == "step" and e["step"])]
+    ends = {s.name: 1.0 for s in specs}
+    assert predicted_from_alone(specs, log, ends) == {s.name: {"busy_share": None, "inflation_predicted": None}
+                                                      for s in specs}
+
+
 @pytest.mark.slow
 def test_more_jobs_than_devices(tmp_path):
     summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4", "--read-replicas", "off")
@@ -251,12 +260,3 @@ def test_outputs_written(demo):
     _, out = demo
     for name in ("rewards.png", "timeline.png", "cost.png", "events.jsonl", "summary.json"):
         assert (out / name).stat().st_size > 0, name
-
-
-def test_no_prediction_from_alone_without_a_complete_step():
-    """`plexrl demo --steps 1`: one step mark per job, nothing to profile; nothing is predicted."""
-    specs = demo_jobs(quick=True)
-    log = [e for e in dedicated_log({s.name: 0.9 for s in specs}, steps=1) if not (e["event"] == "step" and e["step"])]
-    ends = {s.name: 1.0 for s in specs}
-    assert predicted_from_alone(specs, log, ends) == {s.name: {"busy_share": None, "inflation_predicted": None}
-                                                      for s in specs}
