@@ -16,7 +16,7 @@ import pytest
 
 from plexrl.policy import ModelMemory, profile_from_events
 from plexrl.policy.placement import pooled_inflation
-from plexrl.rl.demo import MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, predicted_from_alone
+from plexrl.rl.demo import MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, predicted_from_alone, repeated
 from plexrl.runtime.config import ClusterConfig
 
 
@@ -31,7 +31,7 @@ def run_demo(out, *options) -> dict:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    return run_demo(out), out
+    return run_demo(out, "--repeat", "2"), out
 
 
 @pytest.mark.parametrize("durations, devices, expected", [
@@ -228,10 +228,38 @@ def test_no_prediction_from_alone_without_a_complete_step():
 
 
 @pytest.mark.slow
+def test_repeat_runs_both_schedules_again_and_reports_each_pair(demo):
+    """`--repeat 2`: the exclusive and multiplexed schedules twice; each pair's makespans and
+    ratio, the first pair's the summary's own figures, and their median."""
+    summary, _ = demo
+    runs = summary["repeats"]
+    assert len(runs) == 2
+    assert runs[0]["makespan_mux_s"] == summary["makespan_mux_s"]
+    assert runs[0]["makespan_exclusive_s"] == summary["makespan_exclusive_s"]
+    for run in runs:
+        assert run["makespan_mux_vs_exclusive"] == pytest.approx(run["makespan_mux_s"] / run["makespan_exclusive_s"])
+        assert run["identical_rewards"] is True
+    assert summary["makespan_mux_vs_exclusive_median"] == pytest.approx(
+        sum(run["makespan_mux_vs_exclusive"] for run in runs) / 2)
+
+
+@pytest.mark.parametrize("ratios, identical, median", [
+    ([0.9], [True], 0.9), ([0.9, 0.7], [True, True], 0.8), ([1.0, 0.8, 0.9], [True, False, True], 0.9)])
+def test_the_median_of_the_repeated_pairs_and_rewards_identical_only_if_in_all(ratios, identical, median):
+    runs = [{"makespan_mux_s": r, "makespan_exclusive_s": 1.0, "makespan_mux_vs_exclusive": r, "identical_rewards": same}
+            for r, same in zip(ratios, identical)]
+    out = repeated(runs[0], runs[1:])
+    assert out["repeats"] == runs and out["makespan_mux_vs_exclusive_median"] == pytest.approx(median)
+    assert out["identical_rewards"] is all(identical)
+
+
+@pytest.mark.slow
 def test_more_jobs_than_devices(tmp_path):
     summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4", "--read-replicas", "off")
     assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]
     assert summary["identical_rewards"] is True and summary["read_replicas"] is False
+    assert [run["makespan_mux_vs_exclusive"] for run in summary["repeats"]] == [summary["makespan_mux_vs_exclusive"]]
+    assert summary["makespan_mux_vs_exclusive_median"] == summary["makespan_mux_vs_exclusive"]  # no --repeat: one pair
     with open(tmp_path / "events.jsonl") as f:
         assert not any("#" in (json.loads(line).get("model") or "") for line in f)
     assert len(summary["exclusive_schedule"]) == 4 and summary["makespan_exclusive_s"] > 0

@@ -90,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         dedicated, reserves, dedicated_events = run_dedicated(specs, models, args, progress, out)
         exclusive = run_exclusive(specs, models, args, progress)
         budget = states + max(reserves.values())  # what states may use, and activations beside them
-        mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out)
+        mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out / "events.jsonl")
+        again = [run_again(specs, models, args, budget, progress, dedicated) for _ in range(args.repeat - 1)]
     waits = {s.name: (waited_s(dedicated_events, s.name), waited_s(events, s.name)) for s in specs}
     alone = predicted_from_alone(specs, dedicated_events, metrics["jct_s"])
     summary = summarise(specs, dedicated, exclusive, mux, metrics, args, waits, alone)
+    summary.update(repeated(summary, again))
     write_outputs(summary, events, out)
     if args.json:
         print(json.dumps(summary))
@@ -111,6 +113,10 @@ def parse_args(argv):
     parser.add_argument("--json", action="store_true", help="print one JSON object with the final figures, nothing else")
     parser.add_argument("--out", default="plexrl-demo", help="folder for plots, events and summary (default ./plexrl-demo)")
     parser.add_argument("--policy", default="plexrl", help="scheduling policy of the multiplexed cluster (default plexrl)")
+    parser.add_argument("--repeat", type=positive_int, default=1,
+                        help="run the exclusive and the multiplexed schedules this many times, one after the other "
+                             "(default 1): the makespan ratio of each pair and their median (this machine's timings "
+                             "swing); every other figure is the first pair's")
     parser.add_argument("--read-replicas", choices=("auto", "on", "off"), default="auto",
                         help="the multiplexed cluster's read replicas (a snapshot's calls on both devices at once): "
                              "auto (default) on except on the local engine")
@@ -189,7 +195,10 @@ def run_exclusive(specs, models, args, progress: "Progress") -> list[tuple[dict,
     return [done[s.name] for s in specs]
 
 
-def run_multiplexed(specs, models, args, budget, progress, out: Path):
+def run_multiplexed(specs, models, args, budget, progress, events_path: Path | None):
+    """All jobs at once on `MUX_DEVICES` devices: their results, the cluster's metrics (with the
+    makespan, each job's completion time and the process's CPU), and the event log (written to
+    `events_path` unless None)."""
     progress.mode = "multiplexed"
     replicas = {"auto": None, "on": True, "off": False}[args.read_replicas]
     with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy,
@@ -209,8 +218,35 @@ def run_multiplexed(specs, models, args, budget, progress, out: Path):
         metrics["makespan_s"] = time.perf_counter() - started
         metrics["jct_s"] = {s.name: finished[s.name] for s in specs}
         metrics["host_cpu_s"] = time.process_time() - cpu_started
-        cluster.write_events(out / "events.jsonl")
+        if events_path is not None:
+            cluster.write_events(events_path)
         return results, metrics, cluster.events()
+
+
+def run_again(specs, models, args, budget, progress, dedicated) -> dict:
+    """One more pair of runs, the exclusive schedule then the multiplexed one (`--repeat`): their
+    makespans, and whether every job's rewards in both are its dedicated run's."""
+    exclusive = run_exclusive(specs, models, args, progress)
+    mux, metrics, _ = run_multiplexed(specs, models, args, budget, progress, None)
+    makespan_exclusive = max(row["end_s"] for row, _ in exclusive)
+    return {"makespan_mux_s": metrics["makespan_s"], "makespan_exclusive_s": makespan_exclusive,
+            "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
+            "identical_rewards": all(mux[s.name].rewards == dedicated[s.name][0].rewards == result.rewards
+                                     for s, (_, result) in zip(specs, exclusive, strict=True))}
+
+
+def repeated(summary: dict, again: list[dict]) -> dict:
+    """The summary's fields over every pair of runs (the first, whose figures the summary holds,
+    and `again`): each pair's makespans (`repeats`), the median ratio, and identical rewards only
+    when they were so in every run."""
+    first = {key: summary[key] for key in ("makespan_mux_s", "makespan_exclusive_s", "makespan_mux_vs_exclusive",
+                                           "identical_rewards")}
+    runs = [first, *again]
+    ratios = sorted(run["makespan_mux_vs_exclusive"] for run in runs)
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    return {"repeats": runs, "makespan_mux_vs_exclusive_median": median,
+            "identical_rewards": all(run["identical_rewards"] for run in runs)}
 
 
 def warm_up(cluster, models) -> None:
@@ -502,3 +538,11 @@ class Progress:
             f"switches {summary['switches']} (overhead {summary['switch_overhead']:.1%} of busy time)   "
             f"identical rewards: {summary['identical_rewards']}\n"
             f"plots, events.jsonl and summary.json in {summary['out']}/")
+        runs = summary["repeats"]
+        if len(runs) > 1:
+            ratios = [run["makespan_mux_vs_exclusive"] for run in runs]
+            self.console.print(
+                f"{len(runs)} runs of both schedules, one pair after another (--repeat): makespan multiplexed vs "
+                f"exclusive {', '.join(f'{r:.2f}x' for r in ratios)}; median "
+                f"{summary['makespan_mux_vs_exclusive_median']:.2f}x; identical rewards in all: "
+                f"{summary['identical_rewards']}")
