@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -242,10 +243,8 @@ def repeated(summary: dict, again: list[dict]) -> dict:
     first = {key: summary[key] for key in ("makespan_mux_s", "makespan_exclusive_s", "makespan_mux_vs_exclusive",
                                            "identical_rewards")}
     runs = [first, *again]
-    ratios = sorted(run["makespan_mux_vs_exclusive"] for run in runs)
-    middle = len(ratios) // 2
-    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
-    return {"repeats": runs, "makespan_mux_vs_exclusive_median": median,
+    return {"repeats": runs, "makespan_mux_vs_exclusive_median": statistics.median(
+                run["makespan_mux_vs_exclusive"] for run in runs),
             "identical_rewards": all(run["identical_rewards"] for run in runs)}
 
 
