@@ -18,6 +18,8 @@ from plexrl.policy import ModelMemory, profile_from_events
 from plexrl.policy.placement import pooled_inflation
 from plexrl.rl.demo import MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, predicted_from_alone, repeated
 from plexrl.runtime.config import ClusterConfig
+from test_profile import call
+from test_profile import steps as step_marks
 
 
 def run_demo(out, *options) -> dict:
@@ -187,14 +189,9 @@ def dedicated_log(jobs: dict[str, float], steps: int = 10) -> list[dict]:
     events = []
     for k, (name, busy) in enumerate(jobs.items()):
         t0 = 100.0 * k  # one after another
-        for i in range(steps + 1):
-            events.append({"t": t0 + i, "event": "step", "job": name, "step": i})
+        events += step_marks([t0 + i for i in range(steps + 1)], job=name)
         for i in range(steps):
-            base = {"job": name, "model": "policy", "fn": "sample", "request_id": 1000 * k + i}
-            events += [{"t": t0 + i, "event": "arrival", **base},
-                       {"t": t0 + i, "event": "dispatch", "device": 0, **base},
-                       {"t": t0 + i, "event": "start", "device": 0, **base},
-                       {"t": t0 + i + busy, "event": "end", "device": 0, **base}]
+            events += call(1000 * k + i, 0, t0 + i, t0 + i, t0 + i + busy, job=name)
     return events
 
 

@@ -703,13 +703,12 @@ class Placer:
         numbers, the same operations in the same order per row, as costing every row (tested
         against that)."""
         load = self.horizon.load[first_row: first_row + len(hot)]
-        twin: dict[bytes, int] = {}  # a row's load bytes -> the first row with that load
-        of_row = [twin.setdefault(row.tobytes(), d) for d, row in enumerate(load)]
+        twin: dict[bytes, int] = {}  # a row's load bytes -> the number of its distinct row
+        of_row = [twin.setdefault(row.tobytes(), len(twin)) for row in load]
         if len(twin) == len(hot):
             return self._row_costs(first_row, share, hot)
-        distinct = np.fromiter(twin.values(), dtype=np.int64, count=len(twin))
-        index = {d: i for i, d in enumerate(twin.values())}
-        return self._row_costs(first_row, share, hot, distinct)[[index[d] for d in of_row]]
+        first = np.unique(of_row, return_index=True)[1]  # each distinct row's first row, in number order
+        return self._row_costs(first_row, share, hot, first)[of_row]
 
     def _row_costs(self, first_row: int, share: np.ndarray, hot: np.ndarray,
                    only: np.ndarray | None = None) -> np.ndarray:
