@@ -162,10 +162,10 @@ def test_deadlines_move_with_their_requests_on_removal():
 
 def test_a_step_clock_measures_the_period_from_its_boundaries_less_the_delay():
     clock = StepClock(0.5)
-    assert clock.deadline(3.0) == np.inf  # no step seen yet: no deadline
+    assert clock.deadline(3.0) == np.inf  # never begun: no deadline
     clock.begin(0.0)
     clock.delayed(2.0)
-    assert clock.deadline(3.0) == np.inf
+    assert clock.deadline(3.0) == 3.0 + 0.5 * 1.0 - 2.0  # the step ran 1 s of its 3 so far
     clock.begin(10.0)  # a 10 s step that waited 2 s: 8 s alone
     assert clock.period_s == 8.0 and clock.delay_s == 0.0
     assert clock.deadline(12.0) == 12.0 + 0.5 * 8.0
@@ -199,6 +199,28 @@ def test_a_measured_clock_learns_the_period_from_the_steps_own_wait_only():
     clock.begin(25.0)  # a 15 s step that itself waited 7 s: 8 s alone, not 5
     assert clock.period_s == 8.0 and clock.delay_s == 3.0
     assert StepClock.none().deadline(0.0) == np.inf
+
+
+def test_a_step_clock_not_yet_measured_budgets_by_what_its_step_has_run():
+    """Until a whole step is measured, the step's run so far (time since it began less its
+    waits) stands for the period: a lower bound, so a job that only waits goes first at once,
+    and one that ran gets slack x what it ran. A clock with no deadline would rank below every
+    co-tenant past its slack for as long as they stay so (a new job starved behind them)."""
+    clock = StepClock(0.1)
+    clock.begin(0.0)
+    clock.delayed(5.0)  # waited from the start: nothing run, no budget
+    assert clock.deadline(5.0) == 0.0
+    fresh = StepClock(0.1)
+    fresh.begin(0.0)
+    fresh.delayed(1.0)
+    assert fresh.deadline(11.0) == 11.0 + 0.1 * 10.0 - 1.0  # ran 10 s of 11: 1 s of budget, all spent
+    q = ReadyQueue(capacity=4)  # beside a co-tenant past its slack, the starved job goes first
+    q.add("past-its-slack", 1.0, 1.0, 0.0, 0, 0, deadline=0.5)
+    q.add("new", 0.0, 1.0, 0.0, 0, 1, deadline=clock.deadline(5.0))
+    assert choose(Policy.PLEXRL, q, device=0, offload_s=0.0, now=6.0) == "new"
+    q.remove("new")  # without a deadline, it would not
+    q.add("new", 0.0, 1.0, 0.0, 0, 1, deadline=np.inf)
+    assert choose(Policy.PLEXRL, q, device=0, offload_s=0.0, now=6.0) == "past-its-slack"
 
 
 def test_a_step_clock_with_a_given_period_keeps_it():

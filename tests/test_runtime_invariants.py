@@ -272,15 +272,20 @@ def test_a_snapshot_superseded_while_in_use_is_removed_once_its_call_ends(micro_
         assert late == plexrl.SamplingClient(c, new, seed=0).compute_logprobs(tokens).result(timeout=60)
 
 
-@pytest.mark.parametrize("policy, first", [("plexrl", "job-a"), ("hrrn", "job-b")])
-def test_a_job_past_its_slack_in_a_step_goes_first(micro_model, policy, first):
+@pytest.mark.parametrize("policy, slack_b, first", [("plexrl", 100.0, "job-a"), ("hrrn", 100.0, "job-b"),
+                                                    ("plexrl", 0.0, "job-b")])
+def test_a_job_past_its_slack_in_a_step_goes_first(micro_model, policy, slack_b, first):
     """The scheduler counts a job's waits in a step against its slack (DESIGN §5): job A's step
     marks came back to back, so its step alone is ~0 s and any wait overruns its slack; its call
-    goes before job B's older one under `plexrl`. `hrrn` has no slack term: B waited longer."""
+    goes before job B's older one under `plexrl` while B, with slack to spare, can wait. `hrrn`
+    has no slack term: B waited longer. B has no step measured yet: its step so far (from its
+    admission, less its waits) stands for its period, so with no slack its older call is past
+    its budget too, and goes first by the priority (without that, a job not yet measured had
+    no deadline and waited behind A's calls for as long as A stayed past its slack)."""
     with plexrl.LocalCluster(devices=1, policy=policy, prefetch=False) as c:
         service_a = c.service_client("job-a")
         a = service_a.create_training_client(base_model=micro_model, seed=0)
-        b = c.service_client("job-b").create_training_client(base_model=micro_model, seed=1)
+        b = c.service_client("job-b", slack=slack_b).create_training_client(base_model=micro_model, seed=1)
         for t in (a, b):  # both resident-or-not alike: each has run once
             t.forward_backward([datum([5, 6, 7, 8])]).result(timeout=60)
         service_a.report_step(0)

@@ -63,8 +63,12 @@ class StepClock:
     budgets summed (its mean slowdown is past its slack: the SLO), not only late in each step,
     and pays the overrun back as it runs ahead. `period_s` is the job's step time alone: given
     (the simulator: the profile's period) or measured at each boundary as the step's duration
-    less what the step itself waited (the runtime); unknown (inf) until then, and so no deadline
-    and nothing carried. Time is passed in."""
+    less what the step itself waited (the runtime). Until a measured clock has seen a whole
+    step, what its current step has run so far (its time since `begin` less its waits) stands
+    for the period: a lower bound of it, so the budget is never more than the step's own, and a
+    job not yet measured is not left behind co-tenants that overrun theirs (with no deadline it
+    would rank below every urgent request for as long as they stay urgent). A clock never begun
+    has no deadline and carries nothing. Time is passed in."""
 
     __slots__ = ("slack", "period_s", "measured", "started_s", "delay_s", "step_delay_s")
 
@@ -98,7 +102,12 @@ class StepClock:
     def deadline(self, ready_s: float) -> float:
         """When a request that became ready at `ready_s` overruns the step's slack (earlier than
         `ready_s` when the job is already past it)."""
-        return ready_s + self.slack * self.period_s - self.delay_s if self.period_s < np.inf else np.inf
+        period = self.period_s
+        if period == np.inf:
+            if not self.measured or self.started_s is None:
+                return np.inf
+            period = max(ready_s - self.started_s - self.step_delay_s, 0.0)  # the step's run so far
+        return ready_s + self.slack * period - self.delay_s
 
 
 class ReadyQueue:

@@ -197,6 +197,7 @@ class Front(NodeRecovery):
                ends: bool = False) -> int:
         group, shift_s = self._ask("admit", profile, slack, provisional, timeout, ends)
         time.sleep(shift_s)  # the job starts shifted
+        self._mark_on_node(group, profile.job, slack)  # its first step starts: its waits count from here
         return group
 
     # -- what clients call -------------------------------------------------------------------------

@@ -203,7 +203,7 @@ class GroupScheduler:
             resident_on=state.device if state.tier is Tier.DEVICE else -1,
             seq=request.seq,
             nbytes=state.device_bytes,
-            deadline=tracked.clock.deadline(now),
+            deadline=tracked.deadline(now),
         )
 
     # -- dispatch ---------------------------------------------------------------------------------
@@ -388,10 +388,20 @@ class _JobSlack:
         elif self._blocked() and not was:
             self.since = now
 
-    def mark(self, slack: float, now: float) -> None:
+    def _count_wait(self, now: float) -> None:
+        """Charge the wait under way to the step (a stretch blocked since `since`)."""
         if self._blocked():
             self.clock.delayed(now - self.since)
             self.since = now
+
+    def deadline(self, now: float) -> float:
+        """The deadline of a call ready at `now`: with the wait under way counted, so that the
+        step's run so far (what stands for an unmeasured period) leaves it out."""
+        self._count_wait(now)
+        return self.clock.deadline(now)
+
+    def mark(self, slack: float, now: float) -> None:
+        self._count_wait(now)
         self.clock.slack = slack
         self.clock.begin(now)
 
