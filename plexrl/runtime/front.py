@@ -387,7 +387,7 @@ class Front(NodeRecovery):
         if group is not None and slack is not None:
             self._mark_on_node(group, job, slack)
         self._step_mark(job, step)
-        self._replace(job, profile_due, since)
+        self._replace(job, profile_due, since, group, slack)
 
     def _mark_on_node(self, group: int, job: str, slack: float) -> None:
         """The job's group scheduler starts counting its next step's waits against `slack`; a
@@ -398,10 +398,12 @@ class Front(NodeRecovery):
             if not remote.is_gone(exc):
                 raise
 
-    def _replace(self, job: str, profile_due: bool, since: float | None) -> None:
+    def _replace(self, job: str, profile_due: bool, since: float | None, marked: int | None,
+                 slack: float | None) -> None:
         """Re-placement from the job's measured profile (every `profile_steps` steps, from its
         events since `since`): when the placer moves it, the job migrates here, between its
-        steps, and resumes on its new phase."""
+        steps, and resumes on its new phase. The step it starts there is marked on its new
+        group (its step mark went to `marked`), so that its waits count from the start."""
         models = self._memory([h for h in list(self._handles.values()) if h.job == job and not h.is_snapshot])
         events = self.events(job, since) if profile_due else None
         decided = self._ask("on_step", job, models, events)
@@ -410,6 +412,8 @@ class Front(NodeRecovery):
         group, shift_s = decided
         self.migrate(job, group)
         time.sleep(shift_s)
+        if group != marked and slack is not None:
+            self._mark_on_node(group, job, slack)
 
     def migrate(self, job: str, group: int) -> None:
         """Move every model of `job` to node group `group` through the checkpoint directory:
