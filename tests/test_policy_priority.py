@@ -223,6 +223,16 @@ def test_a_step_clock_not_yet_measured_budgets_by_what_its_step_has_run():
     assert choose(Policy.PLEXRL, q, device=0, offload_s=0.0, now=6.0) == "past-its-slack"
 
 
+def test_a_job_with_infinite_slack_has_no_deadline():
+    """Not inf x 0 = nan: a step that only waited, or one not yet measured, has a period of 0."""
+    clock = StepClock(np.inf)
+    clock.begin(0.0)
+    clock.delayed(1.0)
+    assert clock.deadline(1.0) == np.inf
+    clock.begin(1.0)  # a step of nothing but waits: measured 0 s alone
+    assert clock.period_s == 0.0 and clock.deadline(2.0) == np.inf
+
+
 def test_a_step_clock_with_a_given_period_keeps_it():
     clock = StepClock(0.1, period_s=100.0)
     clock.begin(0.0)

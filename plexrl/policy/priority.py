@@ -102,6 +102,8 @@ class StepClock:
     def deadline(self, ready_s: float) -> float:
         """When a request that became ready at `ready_s` overruns the step's slack (earlier than
         `ready_s` when the job is already past it)."""
+        if self.slack == np.inf:
+            return np.inf  # it tolerates any slowdown (and inf x a period of 0 is no deadline either)
         period = self.period_s
         if period == np.inf:
             if not self.measured or self.started_s is None:
