@@ -248,7 +248,8 @@ class Node:
             self.group.forget_job(job)  # its last state here is gone
 
     def step_mark(self, job: str, slack: float) -> None:
-        """`job` ended a step: the scheduler's slack term counts its next step's waits afresh."""
+        """A step of `job` starts (it ended one, or was admitted or moved here): the scheduler's slack
+        term counts the step's waits afresh."""
         self.group.step_mark(job, slack, self.telemetry.now())
 
     def _drop_copies(self, state_id: str) -> None:

@@ -8,9 +8,10 @@ on the node's I/O threads as soon as they reach the head of their FIFO, through 
 
 The scheduler and the node's StateManager share one lock (`cond`, made by the node).
 
-Slack: each job's step marks reach the scheduler (`step_mark`, through the node); it tracks
-what the job's calls wait in each step against the job's slack (`policy.StepClock`) and gives
-each ready head the deadline the `plexrl` policy's slack term ranks by.
+Slack: each job's step marks reach the scheduler (`step_mark`, through the node; the front also
+marks the start of a job's first step, at its admission, and of its step on a group it moved to);
+it tracks what the job's calls wait in each step against the job's slack (`policy.StepClock`) and
+gives each ready head the deadline the `plexrl` policy's slack term ranks by.
 
 Read replicas (`read_replicas`, StateManager's docstring): a call queued behind the head of a
 weights-only state, when both change nothing (sample, compute_logprobs), moves to one of the
@@ -368,7 +369,7 @@ class _JobSlack:
     __slots__ = ("clock", "ready", "running", "since")
 
     def __init__(self) -> None:
-        self.clock = StepClock(0.0)  # its slack arrives with its first step mark
+        self.clock = StepClock(0.0)  # its slack arrives with its first mark (admission, a move here, or a step)
         self.ready: set[int] = set()
         self.running: set[int] = set()
         self.since = 0.0  # when it last became blocked
