@@ -16,7 +16,8 @@ import pytest
 
 from plexrl.policy import ModelMemory, profile_from_events
 from plexrl.policy.placement import pooled_inflation
-from plexrl.rl.demo import MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, predicted_from_alone, repeated
+from plexrl.rl.demo import (MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, mux_floor, predicted_from_alone,
+                             repeated)
 from plexrl.runtime.config import ClusterConfig
 from test_profile import call
 from test_profile import steps as step_marks
@@ -119,6 +120,33 @@ def test_the_exclusive_schedule_computed_from_the_dedicated_runs_is_reported_too
     assert max(walls) <= summary["makespan_exclusive_longest_first_s"] <= summary["makespan_sequential_s"]
     assert summary["makespan_mux_vs_exclusive_computed"] == pytest.approx(
         summary["makespan_mux_s"] / summary["makespan_exclusive_computed_s"])
+
+
+@pytest.mark.slow
+def test_each_schedules_device_time_and_the_multiplexed_runs_floor_are_reported(demo):
+    """The runs happen one after another on a machine whose speed moves: each run's device time for
+    the same calls says how fast its devices computed, and the floor what the multiplexed run's own
+    work needed of its devices and cores."""
+    summary, _ = demo
+    jobs = summary["jobs"]
+    assert summary["device_busy_s_dedicated"] == pytest.approx(sum(job["dedicated_busy_s"] for job in jobs))
+    assert summary["device_busy_s_mux"] == pytest.approx(sum(job["consumed_device_s"] for job in jobs))
+    assert summary["device_busy_s_exclusive"] > 0 and summary["host_cpu_s_exclusive"] > 0
+    assert summary["device_busy_mux_vs_exclusive"] == pytest.approx(
+        summary["device_busy_s_mux"] / summary["device_busy_s_exclusive"])
+    on_cores = (summary["device_busy_s_mux"] + summary["host_cpu_s_mux"]) / summary["cpu_cores"]  # CPU devices here
+    floor = summary["makespan_mux_floor_s"]
+    assert floor == pytest.approx(max(summary["device_busy_s_mux"] / MUX_DEVICES, on_cores))
+    assert floor <= summary["makespan_mux_s"] * 1.02  # what the run computed fits in the time it took
+
+
+@pytest.mark.parametrize("engine, expected", [("process", 3.0), ("ray", 3.0), ("local", 2.0)])
+def test_the_floor_counts_the_local_engines_devices_once(engine, expected, monkeypatch):
+    """Device time 4 s on 2 devices (2 s each), this process's CPU 2 s, on 2 cores: the devices'
+    processes and this one need 3 s of both cores; the local engine's devices are this process's
+    threads, whose CPU holds theirs already (so its floor is the devices' 2 s)."""
+    monkeypatch.setattr("plexrl.rl.demo.cpu_cores", lambda: 2)
+    assert mux_floor(4.0, 2.0, "cpu", engine) == pytest.approx(expected)
 
 
 @pytest.mark.slow
@@ -233,8 +261,10 @@ def test_repeat_runs_both_schedules_again_and_reports_each_pair(demo):
     assert len(runs) == 2
     assert runs[0]["makespan_mux_s"] == summary["makespan_mux_s"]
     assert runs[0]["makespan_exclusive_s"] == summary["makespan_exclusive_s"]
+    assert runs[0]["device_busy_mux_vs_exclusive"] == summary["device_busy_mux_vs_exclusive"]
     for run in runs:
         assert run["makespan_mux_vs_exclusive"] == pytest.approx(run["makespan_mux_s"] / run["makespan_exclusive_s"])
+        assert run["device_busy_mux_vs_exclusive"] > 0
         assert run["identical_rewards"] is True
     assert summary["makespan_mux_vs_exclusive_median"] == pytest.approx(
         sum(run["makespan_mux_vs_exclusive"] for run in runs) / 2)
@@ -243,8 +273,8 @@ def test_repeat_runs_both_schedules_again_and_reports_each_pair(demo):
 @pytest.mark.parametrize("ratios, identical, median", [
     ([0.9], [True], 0.9), ([0.9, 0.7], [True, True], 0.8), ([1.0, 0.8, 0.9], [True, False, True], 0.9)])
 def test_the_median_of_the_repeated_pairs_and_rewards_identical_only_if_in_all(ratios, identical, median):
-    runs = [{"makespan_mux_s": r, "makespan_exclusive_s": 1.0, "makespan_mux_vs_exclusive": r, "identical_rewards": same}
-            for r, same in zip(ratios, identical)]
+    runs = [{"makespan_mux_s": r, "makespan_exclusive_s": 1.0, "makespan_mux_vs_exclusive": r,
+             "device_busy_mux_vs_exclusive": 1.0, "identical_rewards": same} for r, same in zip(ratios, identical)]
     out = repeated(runs[0], runs[1:])
     assert out["repeats"] == runs and out["makespan_mux_vs_exclusive_median"] == pytest.approx(median)
     assert out["identical_rewards"] is all(identical)

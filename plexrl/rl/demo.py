@@ -89,13 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     states = DEVICE_BUDGET_WEIGHTS * 4 * max(parameter_count(m) for m in models.values())
     with progress, engines.session(args.engine, MUX_DEVICES):
         dedicated, reserves, dedicated_events = run_dedicated(specs, models, args, progress, out)
-        exclusive = run_exclusive(specs, models, args, progress)
+        exclusive, exclusive_cpu = run_exclusive(specs, models, args, progress)
         budget = states + max(reserves.values())  # what states may use, and activations beside them
         mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out / "events.jsonl")
         again = [run_again(specs, models, args, budget, progress, dedicated) for _ in range(args.repeat - 1)]
     waits = {s.name: (waited_s(dedicated_events, s.name), waited_s(events, s.name)) for s in specs}
     alone = predicted_from_alone(specs, dedicated_events, metrics["jct_s"])
-    summary = summarise(specs, dedicated, exclusive, mux, metrics, args, waits, alone)
+    summary = summarise(specs, dedicated, exclusive, mux, metrics, args, waits, alone, exclusive_cpu)
     summary.update(repeated(summary, again))
     write_outputs(summary, events, out)
     if args.json:
@@ -164,11 +164,13 @@ def run_dedicated(specs, models, args, progress: "Progress", out: Path):
                 metrics["activation_reserves"], cluster.events())
 
 
-def run_exclusive(specs, models, args, progress: "Progress") -> list[tuple[dict, JobResult]]:
+def run_exclusive(specs, models, args, progress: "Progress") -> tuple[list[tuple[dict, JobResult]], dict]:
     """The exclusive schedule on `MUX_DEVICES` devices, run: each device a 1-device cluster of its
     own (the process engine pins device d's to the d-th core or GPU), each job holding one for its
     whole run, in arrival order on the first free device. Per job, in `specs` order: its row
-    (device, start_s, end_s from the schedule's start) and its result."""
+    (device, start_s, end_s from the schedule's start) and its result; and the run's
+    `device_busy_s` (the devices' time charged, summed) and `host_cpu_s` (this process's CPU),
+    as `run_multiplexed` measures them."""
     progress.mode = "exclusive"
     pinned = (lambda d: {"first_device": d}) if args.engine == "process" else (lambda d: {})
     with ExitStack() as stack:
@@ -178,7 +180,7 @@ def run_exclusive(specs, models, args, progress: "Progress") -> list[tuple[dict,
         for cluster in clusters:
             warm_up(cluster, models.values())
         waiting, lock, done = list(specs), threading.Lock(), {}
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
 
         def serve(device: int) -> None:  # one device: the next job in arrival order, until none is left
             while True:
@@ -193,7 +195,9 @@ def run_exclusive(specs, models, args, progress: "Progress") -> list[tuple[dict,
         with controllers(MUX_DEVICES) as pool:
             for future in [pool.submit(serve, d) for d in range(MUX_DEVICES)]:
                 future.result()
-    return [done[s.name] for s in specs]
+        host_cpu_s = time.process_time() - cpu_started
+        device_busy_s = sum(cluster.metrics()["device_busy_s"] for cluster in clusters)
+    return [done[s.name] for s in specs], {"device_busy_s": device_busy_s, "host_cpu_s": host_cpu_s}
 
 
 def run_multiplexed(specs, models, args, budget, progress, events_path: Path | None):
@@ -227,11 +231,12 @@ def run_multiplexed(specs, models, args, budget, progress, events_path: Path | N
 def run_again(specs, models, args, budget, progress, dedicated) -> dict:
     """One more pair of runs, the exclusive schedule then the multiplexed one (`--repeat`): their
     makespans, and whether every job's rewards in both are its dedicated run's."""
-    exclusive = run_exclusive(specs, models, args, progress)
+    exclusive, exclusive_cpu = run_exclusive(specs, models, args, progress)
     mux, metrics, _ = run_multiplexed(specs, models, args, budget, progress, None)
     makespan_exclusive = max(row["end_s"] for row, _ in exclusive)
     return {"makespan_mux_s": metrics["makespan_s"], "makespan_exclusive_s": makespan_exclusive,
             "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
+            "device_busy_mux_vs_exclusive": metrics["device_busy_s"] / exclusive_cpu["device_busy_s"],
             "identical_rewards": all(mux[s.name].rewards == dedicated[s.name][0].rewards == result.rewards
                                      for s, (_, result) in zip(specs, exclusive, strict=True))}
 
@@ -241,7 +246,7 @@ def repeated(summary: dict, again: list[dict]) -> dict:
     and `again`): each pair's makespans (`repeats`), the median ratio, and identical rewards only
     when they were so in every run."""
     first = {key: summary[key] for key in ("makespan_mux_s", "makespan_exclusive_s", "makespan_mux_vs_exclusive",
-                                           "identical_rewards")}
+                                           "device_busy_mux_vs_exclusive", "identical_rewards")}
     runs = [first, *again]
     return {"repeats": runs, "makespan_mux_vs_exclusive_median": statistics.median(
                 run["makespan_mux_vs_exclusive"] for run in runs),
@@ -290,10 +295,11 @@ def predicted_from_alone(specs, dedicated_events: list[dict], ends: dict[str, fl
 
 def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_run: list[tuple[dict, JobResult]],
               mux: dict[str, JobResult], metrics: dict, args, waits: dict[str, tuple[float, float]],
-              alone: dict[str, dict]) -> dict:
+              alone: dict[str, dict], exclusive_cpu: dict) -> dict:
     """`exclusive_run`: per job (in `specs` order), its row of the exclusive schedule run and its
     result there; `waits`: per job, the seconds it waited for a device held by others
-    (`policy.waited_s`), dedicated and multiplexed; `alone`: `predicted_from_alone`."""
+    (`policy.waited_s`), dedicated and multiplexed; `alone`: `predicted_from_alone`;
+    `exclusive_cpu`: the exclusive run's device time and host CPU (`run_exclusive`)."""
     jobs = [job_row(spec, *dedicated[spec.name], in_exclusive, mux[spec.name], metrics["jobs"].get(spec.name, {}),
                     metrics["placement"].get(spec.name, {}), waits[spec.name], alone[spec.name])
             for spec, (_, in_exclusive) in zip(specs, exclusive_run, strict=True)]
@@ -358,13 +364,42 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
         # Where the devices' time goes on a CPU machine: this process's CPU over the multiplexed
         # run (controllers, the runtime's dispatch) competes with the devices for the same cores.
         "host_cpu_s_mux": metrics["host_cpu_s"],
-        "cpu_cores": os.cpu_count(),
+        "host_cpu_s_exclusive": exclusive_cpu["host_cpu_s"],
+        "cpu_cores": cpu_cores(),
+        # The same calls' device time (charged: on CPU devices their CPU) in each run. The three runs
+        # happen one after another; when the host's speed moves between them (a shared machine),
+        # the makespans carry it: above 1, the multiplexed run's devices computed the same work slower.
+        "device_busy_s_dedicated": sum(busy_s for _, busy_s in dedicated.values()),
+        "device_busy_s_exclusive": exclusive_cpu["device_busy_s"],
+        "device_busy_s_mux": busy,
+        "device_busy_mux_vs_exclusive": busy / exclusive_cpu["device_busy_s"],
+        "makespan_mux_floor_s": mux_floor(busy, metrics["host_cpu_s"], args.device, args.engine),
         "policy": args.policy,
         "read_replicas": metrics["read_replicas"],  # as the multiplexed cluster ran (--read-replicas auto: by engine)
         "engine": args.engine,
         "quick": args.quick,
         "out": str(args.out),
     }
+
+
+def mux_floor(device_busy_s: float, host_cpu_s: float, torch_device: str, engine: str) -> float:
+    """The multiplexed makespan had every device been busy for the whole run with what it computed
+    in it and, where the devices are this machine's cores (CPU devices), every core also busy with
+    what this process used beside them (controllers, dispatch): a floor for the work the run did,
+    which tells devices left idle from a host that computed slowly. (The local engine's devices are
+    threads of this process: its CPU holds theirs already.)"""
+    from plexrl.runtime.cuda import resolve_device
+
+    floor = device_busy_s / MUX_DEVICES
+    if resolve_device(torch_device) == "cpu":
+        on_cores = host_cpu_s if engine == "local" else device_busy_s + host_cpu_s
+        floor = max(floor, on_cores / cpu_cores())
+    return floor
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (the devices of a CPU machine among them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def exclusive_schedule(durations: list[tuple[str, float]], devices: int) -> list[dict]:
@@ -520,6 +555,9 @@ class Progress:
             f"run (each job holding one device, arrival order) = {summary['makespan_mux_vs_exclusive']:.2f}x "
             f"({summary['makespan_mux_vs_exclusive_computed']:.2f}x the {summary['makespan_exclusive_computed_s']:.1f} s "
             f"computed from the dedicated runs); {summary['makespan_sequential_s']:.1f} s one after another on one device\n"
+            f"the same calls' device time: {summary['device_busy_s_mux']:.1f} s multiplexed vs "
+            f"{summary['device_busy_s_exclusive']:.1f} s exclusive ({summary['device_busy_mux_vs_exclusive']:.2f}x); "
+            f"the multiplexed run's work fills its devices (and cores) for {summary['makespan_mux_floor_s']:.1f} s\n"
             f"mean job completion time (queueing + run): {summary['jct_mean_mux_s']:.1f} s multiplexed vs "
             f"{summary['jct_mean_exclusive_s']:.1f} s exclusive = {summary['jct_mean_mux_vs_exclusive']:.2f}x\n"
             f"device-s held: {summary['device_s_held_mux']:.1f} multiplexed ({MUX_DEVICES} x makespan) vs "
