@@ -577,9 +577,10 @@ class Progress:
             f"plots, events.jsonl and summary.json in {summary['out']}/")
         runs = summary["repeats"]
         if len(runs) > 1:
-            ratios = [run["makespan_mux_vs_exclusive"] for run in runs]
+            pairs = ", ".join(f"{run['makespan_mux_vs_exclusive']:.2f}x (device time {run['device_busy_mux_vs_exclusive']:.2f}x)"
+                              for run in runs)
             self.console.print(
                 f"{len(runs)} runs of both schedules, one pair after another (--repeat): makespan multiplexed vs "
-                f"exclusive {', '.join(f'{r:.2f}x' for r in ratios)}; median "
+                f"exclusive {pairs}; median "
                 f"{summary['makespan_mux_vs_exclusive_median']:.2f}x; identical rewards in all: "
                 f"{summary['identical_rewards']}")
