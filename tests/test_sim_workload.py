@@ -9,6 +9,7 @@ import pytest
 
 from plexrl.errors import ConfigError
 from plexrl.sim.cli import main
+from plexrl.sim.runner import expand_jobs
 from plexrl.sim.workload import SHIPPED, load_cluster, load_workload
 
 
@@ -32,6 +33,7 @@ BAD = [
     ("mixture weights", "jobs: [{name: a, params_b: 7, rollout: {length_weights: [0.5, 0.2, 0.1, 0.1]}}]", "sum to"),
     ("duplicate names", "jobs: [{name: a, params_b: 7}, {name: a, params_b: 7}]", "repeated: ['a']"),
     ("not yaml", "jobs: [", "not valid YAML"),
+    ("arrival order", "poisson: {rate_per_h: 10, order: sorted}\njobs: [{name: a, params_b: 7}]", "poisson.order"),
 ]
 
 
@@ -42,6 +44,29 @@ def test_bad_workload_names_field_and_value(tmp_path, text, expected):
     with pytest.raises(ConfigError) as info:
         load_workload(str(path))
     assert expected in str(info.value) and str(path) in str(info.value)
+
+
+def _poisson(tmp_path, order: str | None):
+    """Two classes of 20 copies each arriving as a Poisson process, in `order` (None: the default)."""
+    arrivals = "{rate_per_h: 30}" if order is None else f"{{rate_per_h: 30, order: {order}}}"
+    path = tmp_path / f"poisson-{order}.yaml"
+    path.write_text(f"seed: 3\npoisson: {arrivals}\njobs:\n  - {{name: a, params_b: 7, count: 20}}\n"
+                    f"  - {{name: b, params_b: 7, count: 20}}\n")
+    return expand_jobs(load_workload(str(path)))
+
+
+def test_poisson_arrivals_interleave_the_classes_unless_listed(tmp_path):
+    """A Poisson process over a job mix: by default the classes interleave (a queue many users
+    submit to), in an order drawn from the workload's seed; `order: listed` keeps the file's
+    order, class after class. Both see the same arrival times."""
+    mixed, listed = _poisson(tmp_path, None), _poisson(tmp_path, "listed")
+    assert [j.name.split("-")[0] for j in listed] == ["a"] * 20 + ["b"] * 20
+    classes = [j.name.split("-")[0] for j in mixed]
+    assert sorted(classes) == sorted(j.name.split("-")[0] for j in listed)  # every copy, once
+    assert "b" in classes[:10] and "a" in classes[-10:]  # interleaved (certain for this seed)
+    assert [j.arrival_s for j in mixed] == [j.arrival_s for j in listed]
+    assert [j.name for j in _poisson(tmp_path, "mixed")] == [j.name for j in mixed]  # "mixed" is the default
+    assert [j.name for j in _poisson(tmp_path, None)] == [j.name for j in mixed]  # the same order every time
 
 
 def test_unknown_name_lists_shipped_ones():

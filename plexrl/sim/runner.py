@@ -26,7 +26,9 @@ from plexrl.sim.workload import GB, Cluster, Job, Workload
 
 
 def expand_jobs(workload: Workload) -> list[Job]:
-    """One `Job` per copy, named `name-i` when count > 1, with its arrival time."""
+    """One `Job` per copy, named `name-i` when count > 1, with its arrival time. Poisson arrivals
+    (`PoissonArrivals`) go to the copies in an order drawn after the gaps (`mixed`), so a listed
+    order and a mixed one see the same arrival times."""
     rng = np.random.default_rng((workload.seed, 0xA11))
     jobs: list[Job] = []
     for spec in workload.jobs:
@@ -36,6 +38,8 @@ def expand_jobs(workload: Workload) -> list[Job]:
     if workload.poisson is not None:
         gaps = rng.exponential(3600.0 / workload.poisson.rate_per_h, size=len(jobs))
         arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
+        if workload.poisson.order == "mixed":
+            jobs = [jobs[i] for i in rng.permutation(len(jobs))]
         jobs = [j.model_copy(update={"arrival_s": float(a)}) for j, a in zip(jobs, arrivals)]
     return sorted(jobs, key=lambda j: j.arrival_s)
 

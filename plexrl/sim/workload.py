@@ -141,7 +141,14 @@ class Job(Strict):
 
 
 class PoissonArrivals(Strict):
+    """Job copies arrive as a Poisson process of `rate_per_h`. `order`: which copy takes each
+    arrival: `mixed` (default), the copies in an order drawn from the workload's seed, so the
+    classes interleave as in a queue many users submit to; `listed`, the copies in the file's
+    order, class after class (the first arrivals are all of the first job listed)."""
+
     rate_per_h: float = Field(gt=0)
+    order: Literal["mixed", "listed"] = Field(
+        "mixed", description="mixed: the job classes interleave (an order drawn from the seed); listed: the file's order")
 
 
 class Workload(Strict):
