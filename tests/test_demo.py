@@ -147,7 +147,7 @@ def test_the_floor_counts_the_local_engines_devices_once(engine, expected, monke
     """Device time 4 s on 2 devices (2 s each), this process's CPU 2 s, on 2 cores: the devices'
     processes and this one need 3 s of both cores; the local engine's devices are this process's
     threads, whose CPU holds theirs already (so its floor is the devices' 2 s)."""
-    monkeypatch.setattr("plexrl.rl.demo.cpu_cores", lambda: 2)
+    monkeypatch.setattr("plexrl.rl.demo.usable_cpus", lambda: 2)
     assert mux_floor(4.0, 2.0, "cpu", engine) == pytest.approx(expected)
 
 

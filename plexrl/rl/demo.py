@@ -46,6 +46,7 @@ from plexrl.models.tiny import parameter_count
 from plexrl.policy import Forecast, ModelMemory, profile_from_events, waited_s
 from plexrl.policy.placement import pooled_inflation
 from plexrl.runtime.config import ClusterConfig
+from plexrl.runtime.threads import usable_cpus
 from plexrl.rl import demo_plots
 from plexrl.rl.spec import JobSpec
 from plexrl.rl.train import JobResult, controllers, run_job
@@ -89,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     states = DEVICE_BUDGET_WEIGHTS * 4 * max(parameter_count(m) for m in models.values())
     with progress, engines.session(args.engine, MUX_DEVICES):
         dedicated, reserves, dedicated_events = run_dedicated(specs, models, args, progress, out)
-        exclusive, exclusive_cpu = run_exclusive(specs, models, args, progress)
+        exclusive, exclusive_use = run_exclusive(specs, models, args, progress)
         budget = states + max(reserves.values())  # what states may use, and activations beside them
         mux, metrics, events = run_multiplexed(specs, models, args, budget, progress, out / "events.jsonl")
         again = [run_again(specs, models, args, budget, progress, dedicated) for _ in range(args.repeat - 1)]
     waits = {s.name: (waited_s(dedicated_events, s.name), waited_s(events, s.name)) for s in specs}
     alone = predicted_from_alone(specs, dedicated_events, metrics["jct_s"])
-    summary = summarise(specs, dedicated, exclusive, mux, metrics, args, waits, alone, exclusive_cpu)
+    summary = summarise(specs, dedicated, exclusive, mux, metrics, args, waits, alone, exclusive_use)
     summary.update(repeated(summary, again))
     write_outputs(summary, events, out)
     if args.json:
@@ -231,22 +232,32 @@ def run_multiplexed(specs, models, args, budget, progress, events_path: Path | N
 def run_again(specs, models, args, budget, progress, dedicated) -> dict:
     """One more pair of runs, the exclusive schedule then the multiplexed one (`--repeat`): their
     makespans, and whether every job's rewards in both are its dedicated run's."""
-    exclusive, exclusive_cpu = run_exclusive(specs, models, args, progress)
+    exclusive, exclusive_use = run_exclusive(specs, models, args, progress)
     mux, metrics, _ = run_multiplexed(specs, models, args, budget, progress, None)
-    makespan_exclusive = max(row["end_s"] for row, _ in exclusive)
-    return {"makespan_mux_s": metrics["makespan_s"], "makespan_exclusive_s": makespan_exclusive,
-            "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
-            "device_busy_mux_vs_exclusive": metrics["device_busy_s"] / exclusive_cpu["device_busy_s"],
+    return {**pair_figures(exclusive, exclusive_use, metrics),
             "identical_rewards": all(mux[s.name].rewards == dedicated[s.name][0].rewards == result.rewards
                                      for s, (_, result) in zip(specs, exclusive, strict=True))}
+
+
+PAIR_FIGURES = ("makespan_mux_s", "makespan_exclusive_s", "makespan_mux_vs_exclusive", "device_busy_mux_vs_exclusive")
+
+
+def pair_figures(exclusive_run: list[tuple[dict, JobResult]], exclusive_use: dict, metrics: dict) -> dict:
+    """The figures of one pair of runs (`PAIR_FIGURES`), from the exclusive schedule's
+    (`run_exclusive`: its rows and results, and its device time) and the multiplexed cluster's
+    metrics (`run_multiplexed`): both makespans and their ratio, and the ratio of the same calls'
+    device time in the two."""
+    makespan_exclusive = max(row["end_s"] for row, _ in exclusive_run)
+    return {"makespan_mux_s": metrics["makespan_s"], "makespan_exclusive_s": makespan_exclusive,
+            "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
+            "device_busy_mux_vs_exclusive": metrics["device_busy_s"] / exclusive_use["device_busy_s"]}
 
 
 def repeated(summary: dict, again: list[dict]) -> dict:
     """The summary's fields over every pair of runs (the first, whose figures the summary holds,
     and `again`): each pair's makespans (`repeats`), the median ratio, and identical rewards only
     when they were so in every run."""
-    first = {key: summary[key] for key in ("makespan_mux_s", "makespan_exclusive_s", "makespan_mux_vs_exclusive",
-                                           "device_busy_mux_vs_exclusive", "identical_rewards")}
+    first = {key: summary[key] for key in (*PAIR_FIGURES, "identical_rewards")}
     runs = [first, *again]
     return {"repeats": runs, "makespan_mux_vs_exclusive_median": statistics.median(
                 run["makespan_mux_vs_exclusive"] for run in runs),
@@ -295,11 +306,11 @@ def predicted_from_alone(specs, dedicated_events: list[dict], ends: dict[str, fl
 
 def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_run: list[tuple[dict, JobResult]],
               mux: dict[str, JobResult], metrics: dict, args, waits: dict[str, tuple[float, float]],
-              alone: dict[str, dict], exclusive_cpu: dict) -> dict:
+              alone: dict[str, dict], exclusive_use: dict) -> dict:
     """`exclusive_run`: per job (in `specs` order), its row of the exclusive schedule run and its
     result there; `waits`: per job, the seconds it waited for a device held by others
     (`policy.waited_s`), dedicated and multiplexed; `alone`: `predicted_from_alone`;
-    `exclusive_cpu`: the exclusive run's device time and host CPU (`run_exclusive`)."""
+    `exclusive_use`: the exclusive run's device time and host CPU (`run_exclusive`)."""
     jobs = [job_row(spec, *dedicated[spec.name], in_exclusive, mux[spec.name], metrics["jobs"].get(spec.name, {}),
                     metrics["placement"].get(spec.name, {}), waits[spec.name], alone[spec.name])
             for spec, (_, in_exclusive) in zip(specs, exclusive_run, strict=True)]
@@ -309,7 +320,8 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
     reserved = sum(j["reserved_device_s"] for j in jobs)
     busy = metrics["device_busy_s"]
     exclusive = [row for row, _ in exclusive_run]
-    makespan_exclusive = max(row["end_s"] for row in exclusive)
+    pair = pair_figures(exclusive_run, exclusive_use, metrics)
+    makespan_exclusive = pair["makespan_exclusive_s"]
     computed = exclusive_schedule([(s.name, dedicated[s.name][0].wall_s) for s in specs], MUX_DEVICES)
     makespan_computed = max(row["end_s"] for row in computed)
     # The same, had the jobs arrived longest first (durations known in advance): a stronger baseline.
@@ -335,9 +347,7 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
         "busy_shares_dedicated": None if alone_unmeasured else sum(j["busy_share_dedicated"] for j in jobs),
         "profiles_unmeasured": len(jobs) - len(predicted),
         "placements_provisional": sum(bool(j["placement_provisional"]) for j in jobs),
-        "makespan_mux_s": metrics["makespan_s"],
-        "makespan_exclusive_s": makespan_exclusive,  # run
-        "makespan_mux_vs_exclusive": metrics["makespan_s"] / makespan_exclusive,
+        **pair,  # the exclusive schedule's makespan is the one run
         # computed from the dedicated runs (each had the other core for its controller, at another time)
         "makespan_exclusive_computed_s": makespan_computed,
         "makespan_mux_vs_exclusive_computed": metrics["makespan_s"] / makespan_computed,
@@ -364,15 +374,15 @@ def summarise(specs, dedicated: dict[str, tuple[JobResult, float]], exclusive_ru
         # Where the devices' time goes on a CPU machine: this process's CPU over the multiplexed
         # run (controllers, the runtime's dispatch) competes with the devices for the same cores.
         "host_cpu_s_mux": metrics["host_cpu_s"],
-        "host_cpu_s_exclusive": exclusive_cpu["host_cpu_s"],
-        "cpu_cores": cpu_cores(),
+        "host_cpu_s_exclusive": exclusive_use["host_cpu_s"],
+        "cpu_cores": usable_cpus(),
         # The same calls' device time (charged: on CPU devices their CPU) in each run. The three runs
         # happen one after another; when the host's speed moves between them (a shared machine),
-        # the makespans carry it: above 1, the multiplexed run's devices computed the same work slower.
+        # the makespans carry it (`device_busy_mux_vs_exclusive`, above: above 1, the multiplexed
+        # run's devices computed the same work slower).
         "device_busy_s_dedicated": sum(busy_s for _, busy_s in dedicated.values()),
-        "device_busy_s_exclusive": exclusive_cpu["device_busy_s"],
+        "device_busy_s_exclusive": exclusive_use["device_busy_s"],
         "device_busy_s_mux": busy,
-        "device_busy_mux_vs_exclusive": busy / exclusive_cpu["device_busy_s"],
         "makespan_mux_floor_s": mux_floor(busy, metrics["host_cpu_s"], args.device, args.engine),
         "policy": args.policy,
         "read_replicas": metrics["read_replicas"],  # as the multiplexed cluster ran (--read-replicas auto: by engine)
@@ -393,13 +403,8 @@ def mux_floor(device_busy_s: float, host_cpu_s: float, torch_device: str, engine
     floor = device_busy_s / MUX_DEVICES
     if resolve_device(torch_device) == "cpu":
         on_cores = host_cpu_s if engine == "local" else device_busy_s + host_cpu_s
-        floor = max(floor, on_cores / cpu_cores())
+        floor = max(floor, on_cores / usable_cpus())
     return floor
-
-
-def cpu_cores() -> int:
-    """The cores this process may run on (the devices of a CPU machine among them)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def exclusive_schedule(durations: list[tuple[str, float]], devices: int) -> list[dict]:

@@ -9,10 +9,12 @@ the controllers' lower priority: in one `plexrl demo` run, 10 of the process's 1
 were the runtime's. A `ServicePool` grows the same way (a thread per submit that finds none idle,
 up to `workers`), but its threads are started by a spawner thread of its own, made when the pool
 is built: they get the builder's priority (the cluster's constructor), whoever submits.
+`usable_cpus`: the cores this process's threads may run on.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -102,3 +104,12 @@ class ServicePool:
                     future.set_result(result)
             with self._lock:
                 self._idle += 1
+
+
+def usable_cpus() -> int:
+    """The cores this process's threads may run on (its affinity; the machine's count where the
+    platform has none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1

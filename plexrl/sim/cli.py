@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +21,7 @@ from rich.table import Table
 
 from plexrl.errors import ConfigError
 from plexrl.policy import Policy
+from plexrl.runtime.threads import usable_cpus
 from plexrl.sim.calibrate import calibrate
 from plexrl.sim.report import plot
 from plexrl.sim.simulate import BOUNDS, MODES, over_seeds
@@ -63,13 +63,6 @@ def pack_limit(text: str) -> float | str:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a step slowdown >= 0 (e.g. 0.333) or 'none'")
     return value
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on every platform
-        return os.cpu_count() or 1
 
 
 def main(argv: list[str] | None = None) -> int:
