@@ -20,6 +20,7 @@ from tinker import types  # noqa: E402
 
 from plexrl.engines.local import LocalCluster  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
+from plexrl.serve.edge import EdgeLimits  # noqa: E402
 from plexrl.serve.server import Server  # noqa: E402
 from plexrl.serve.service import Limits, Service  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
@@ -39,8 +40,9 @@ def world(tmp_path_factory, tiny_model):
     cluster = LocalCluster(devices=2, checkpoint_dir=str(root / "scratch"))
     state = root / "state"
     service = Service(cluster, Store(state), {tiny_model: tiny_model}, Tenants.from_file(keys),
-                      Limits(poll_hold_s=1.0, sessions_per_tenant=6), client_flags={"fwdbwd_max_chunk_len": 2})
-    server = Server(create_app(service, max_body_bytes=1 << 20)).start()
+                      Limits(poll_hold_s=1.0, sessions_per_tenant=6), client_flags={"fwdbwd_max_chunk_len": 2},
+                      edge=EdgeLimits(max_body_bytes=1 << 20, max_json_bytes=1 << 20))
+    server = Server(create_app(service)).start()
     yield {"url": server.url, "service": service, "cluster": cluster, "model": tiny_model, "state": state,
            "keys": keys}
     server.stop()

@@ -224,7 +224,7 @@ MALFORMED = {
                                   ["1 col_indices for 2 values"]),
     "sparse cell listed twice": (request_with(f=csr([1.0, 2.0], [0, 2, 2], [1, 1], shape=[2, 3])), ["cell twice"]),
     "sparse shape too large to densify": (request_with(f=csr([], [0] * 4097, [], shape=[4096, 4097])),
-                                          ["densifies to 16781312 values", f"at most {wire.MAX_DENSE_VALUES}"]),
+                                          ["16,781,314 tokens and tensor values", "at most 16,777,216"]),
     "config value with neither arm": (request_with(f=lambda m: m.loss_fn_config_v2["beta"].SetInParent()),
                                       ["loss_fn_config_v2['beta'] holds neither a number nor text"]),
 }
@@ -233,6 +233,24 @@ MALFORMED = {
 @pytest.mark.parametrize("body, fragments", MALFORMED.values(), ids=MALFORMED.keys())
 def test_malformed_request_says_what_and_where(body, fragments):
     assert_wire_error(wire.decode_forward_backward, body, fragments)
+
+
+def test_a_request_is_bounded_in_all_before_anything_is_densified():
+    """Each tensor is capped (MAX_DENSE_VALUES), and so is the request: tensors that are each
+    small enough but many are refused from their shapes, before any is densified."""
+    def sparse(name, columns):
+        return lambda m: m.data[0].loss_fn_inputs[name].CopyFrom(pb.Tensor(
+            dtype=pb.DTYPE_FLOAT32, shape=[1, columns], sparse_csr=pb.SparseCsr(
+                values=b"", crow_indices=np.array([0, 0], dtype=np.int64).tobytes(), col_indices=b"")))
+
+    bomb = request_with(**{f"t{i}": sparse(f"advantages{i}", 1 << 21) for i in range(3)})
+    assert_wire_error(lambda body: wire.decode_forward_backward(body, max_values=1 << 22), bomb,
+                      ["6,291,460 tokens and tensor values", "at most 4,194,304", "split it"])
+    call = wire.decode_forward_backward(bomb, max_values=1 << 23)
+    assert call.data[0].loss_fn_inputs["advantages0"].shape == (1, 1 << 21)
+    one_too_large = request_with(f=csr([], [0] * 4097, [], shape=[4096, 4097]))
+    assert_wire_error(lambda body: wire.decode_forward_backward(body, max_values=1 << 30), one_too_large,
+                      ["densifies to 16781312 values", f"at most {wire.MAX_DENSE_VALUES}"])
 
 
 VALID = request_with()

@@ -76,11 +76,23 @@ class ServiceClient:
     def create_sampling_client(self, base_model: str | Path, name: str | None = None, seed: int = 0,
                                sampler: str = "hf") -> "SamplingClient":
         """A frozen model (reference, teacher) for sampling and log-probs; `sampler="vllm"` runs
-        those on a vLLM engine (plexrl/samplers/), "hf" on the Hugging Face model."""
+        those on a vLLM engine (plexrl/samplers/), "hf" on the Hugging Face model.
+
+        `base_model` is a Hugging Face model folder, or a LoRA adapter folder that a LoRA
+        model's `save_state` wrote (peft's `adapter_config.json` names its base): then the model
+        is that adapter over its base, frozen."""
         validation.check_seed(seed)
         validation.check_sampler(sampler)
         name = name or "frozen:" + re.sub(r"[^A-Za-z0-9._:-]", "_", Path(str(base_model)).name)
         kwargs = ({} if sampler == "hf" else {"sampler": sampler}) | self._length()  # a Cluster serving only "hf" need not know it
+        adapter = validation.lora_adapter(base_model)
+        if adapter is not None:
+            base, lora = adapter
+            state = self.cluster.add_model(self.job, name, base, False, self.slack, self.admission_timeout,
+                                           owner=self.owner, lora=lora, **kwargs)
+            client = SamplingClient(self.cluster, state, seed)
+            client.load_adapter(str(base_model)).result()
+            return client
         state = self.cluster.add_model(self.job, name, base_model, False, self.slack, self.admission_timeout,
                                        owner=self.owner, **kwargs)
         return SamplingClient(self.cluster, state, seed)
@@ -183,6 +195,12 @@ class SamplingClient(_ModelClient):
                     "include_prompt_logprobs": bool(include_prompt_logprobs)}
 
         return self._submit("sample", build)
+
+    def load_adapter(self, path: str | Path) -> APIFuture[LoadStateResponse]:
+        """Overwrite a frozen LoRA model's adapter from an adapter folder (create_sampling_client
+        of such a folder does it)."""
+        return self._submit("load_state", lambda: {"path": str(validation.checkpoint_folder(path)),
+                                                   "with_optimizer": False})
 
     def compute_logprobs(self, prompt: ModelInput) -> APIFuture[list[float | None]]:
         def build() -> dict[str, Any]:

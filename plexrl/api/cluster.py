@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from plexrl.api import errors
 from plexrl.api.futures import APIFuture
-from plexrl.api.types import LoraConfig
+from plexrl.api.types import LoraConfig, shown
 
 NAME_RULE = ("1 to 128 letters, digits and '.', '_', ':', '-', starting with a letter or digit "
              "(no '/', no '..': a name is part of state ids and checkpoint paths)")
@@ -24,7 +24,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 def check_name(what: str, value: object) -> str:
     """`value` if it is a valid job or model name, else InvalidInput naming `what` and the rule."""
     if not isinstance(value, str) or not _NAME.fullmatch(value) or ".." in value:
-        raise errors.InvalidInput(f"{what}={value!r}; expected {NAME_RULE}")
+        raise errors.InvalidInput(f"{what}={shown(value)}; expected {NAME_RULE}")
     return value
 
 

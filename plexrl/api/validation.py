@@ -24,8 +24,8 @@ from typing import Any, Literal, Mapping, Sequence
 import numpy as np
 
 from plexrl.api import errors
-from plexrl.api.types import (AdamParams, Datum, ModelInput, SamplingParams, TensorData, all_ints,
-                              is_finite_number, is_integer, shown)
+from plexrl.api.types import (ATTENTION_MODULES, MLP_MODULES, UNEMBED_MODULES, AdamParams, Datum, LoraConfig,
+                              ModelInput, SamplingParams, TensorData, all_ints, is_finite_number, is_integer, shown)
 
 
 @dataclass(frozen=True)
@@ -120,16 +120,53 @@ def datum_list(data: Any) -> list:
     return list(data)
 
 
+PLAIN_NAME_BYTES = 200  # a name is one path component (255 bytes on most filesystems) with room for a prefix
+
+
 def check_plain_name(name: Any, what: str) -> None:
-    """A name that is one path component: a non-empty str, no '/', not '.' or '..'."""
-    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-        raise errors.InvalidInput(f"{what} {shown(name)}; expected a plain non-empty name "
-                                  "(a string without '/', not '.' or '..')")
+    """A name that is one path component: a non-empty str of valid Unicode, at most
+    PLAIN_NAME_BYTES as UTF-8, no '/', no control character (NUL included), not '.' or '..'."""
+    ok = isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..")
+    if ok:
+        try:
+            ok = len(name.encode("utf-8")) <= PLAIN_NAME_BYTES and not any(
+                ord(c) < 32 or ord(c) == 127 for c in name)
+        except UnicodeEncodeError:  # a lone surrogate
+            ok = False
+    if not ok:
+        raise errors.InvalidInput(f"{what} {shown(name)}; expected a plain non-empty name (valid Unicode text of at "
+                                  f"most {PLAIN_NAME_BYTES} bytes as UTF-8, without '/' or control characters, not "
+                                  "'.' or '..')")
 
 
 def check_checkpoint_name(name: Any) -> None:
     """save_state's name: the rule of the front's `checkpoint_path`, checked before it is asked."""
     check_plain_name(name, "checkpoint name")
+
+
+def lora_adapter(folder: Any) -> tuple[str, LoraConfig] | None:
+    """(base model, LoraConfig) of a LoRA adapter folder (peft's `adapter_config.json`, as a LoRA
+    model's save_state writes it), or None when `folder` is not one. InvalidInput when the
+    adapter is not one PlexRL makes (other target modules, no base named)."""
+    import json
+
+    config_file = Path(str(folder)) / "adapter_config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+        base, rank, alpha = config["base_model_name_or_path"], config["r"], config.get("lora_alpha")
+        targets = set(config["target_modules"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise errors.InvalidInput(f"{str(config_file)!r} is not a peft LoRA config ({type(exc).__name__}: {exc}); "
+                                  "expected the adapter_config.json a LoRA model's save_state writes") from None
+    lora = LoraConfig(rank=rank, alpha=alpha, train_attn=bool(targets & set(ATTENTION_MODULES)),
+                      train_mlp=bool(targets & set(MLP_MODULES)), train_unembed=bool(targets & set(UNEMBED_MODULES)))
+    if not isinstance(base, str) or not base or set(lora.target_modules) != targets:
+        raise errors.InvalidInput(f"{str(config_file)!r} adapts {sorted(targets)} over {shown(base)}; expected an "
+                                  "adapter over a named base whose targets are attention, MLP or lm_head layers")
+    lora.validate()
+    return base, lora.plain()
 
 
 def checkpoint_folder(path: Any) -> Path:

@@ -101,6 +101,8 @@ class JobPlacer:
         with self._cond:
             if profile.job in self.jobs and self.jobs[profile.job].placement is not None:
                 return self.jobs[profile.job].placement
+            if any(w.profile.job == profile.job for w in self.queue.waiting):
+                return self._join(profile.job, now, timeout)
             self._check_ever_fits(profile)
             if not provisional:
                 profile = replace(profile, ends=ends)
@@ -114,6 +116,7 @@ class JobPlacer:
                 if left is not None and left <= 0:
                     self.queue.cancel(profile.job)
                     del self.jobs[profile.job]
+                    self._cond.notify_all()  # models that joined its wait stop waiting too
                     raise errors.AdmissionTimeout(
                         f"job {profile.job!r} waited {timeout} s for room and was not admitted: {decision.reason}")
                 self._cond.wait(left)  # woken when a job finishes and the queue retried
@@ -127,6 +130,27 @@ class JobPlacer:
                 record.forecast = Forecast(now())
             self._forecast(decision.group, now())
             return decision
+
+    def _join(self, job: str, now, timeout: float | None) -> Placement:
+        """A second model of a job that waits for admission waits with it (the job is placed once,
+        with the profile it waits with): its placement once admitted, or AdmissionTimeout. Call
+        with the condition held."""
+        deadline = None if timeout is None else now() + timeout
+        while True:
+            record = self.jobs.get(job)
+            if record is not None and record.placement is not None:
+                return record.placement
+            waiting = next((w for w in self.queue.waiting if w.profile.job == job), None)
+            if waiting is None and job in self.queue.admitted and record is not None:
+                return self.queue.admitted[job].placement  # admitted; its first waiter sets the record next
+            if waiting is None:
+                raise errors.AdmissionTimeout(f"job {job!r} stopped waiting for room (its first model's admission "
+                                              "timed out or the job finished) before this model was admitted")
+            left = None if deadline is None else deadline - now()
+            if left is not None and left <= 0:
+                raise errors.AdmissionTimeout(
+                    f"job {job!r} waited {timeout} s for room and was not admitted: {waiting.reason}")
+            self._cond.wait(left)
 
     def _check_ever_fits(self, profile: JobProfile) -> None:
         """Waiting only makes sense for room that other jobs hold, not for a cluster too small."""

@@ -8,7 +8,10 @@ Invariants:
   skipped) runs at once;
 - a missing number is waited for at most `gap_s` (a number the SDK reserved and never sent
   must not stall the model forever); `drain` (called on arrivals and by the service's reaper)
-  then goes on with the lowest number held.
+  then goes on with the lowest number held;
+- a number more than `window` ahead of the next expected one is refused (`check`), naming the
+  one expected: no client has that many calls of one model in flight, and holding it would make
+  every later call wait out the gap.
 
 Pure: time comes from the `clock` it is given.
 """
@@ -19,21 +22,32 @@ import logging
 import threading
 from typing import Callable
 
+from plexrl.api import errors
+
 log = logging.getLogger("plexrl.serve")
 
 
 class Sequencer:
     """Runs one model's submissions in seq_id order, once the model exists."""
 
-    def __init__(self, next_seq: int, gap_s: float, clock: Callable[[], float]):
+    def __init__(self, next_seq: int, gap_s: float, clock: Callable[[], float], window: int = 1024):
         self.next_seq = next_seq
         self.gap_s = gap_s
+        self.window = window
         self.clock = clock
         self.ready = False
         self.held: dict[int, Callable[[], None]] = {}  # numbered calls not run yet
         self.late: list[Callable[[], None]] = []  # unnumbered or late calls, until the model exists
         self._blocked_since: float | None = None  # since when calls are held waiting for next_seq
         self._lock = threading.RLock()
+
+    def check(self, seq: int | None) -> None:
+        """InvalidInput when `seq` is further ahead of the next expected number than `window`."""
+        with self._lock:
+            if seq is not None and seq >= self.next_seq + self.window:
+                raise errors.InvalidInput(
+                    f"seq_id={seq}; this model's next call is seq_id={self.next_seq}, and a call may be at most "
+                    f"{self.window - 1} ahead of it (expected a seq_id below {self.next_seq + self.window})")
 
     def arrive(self, seq: int | None, start: Callable[[], None]) -> None:
         with self._lock:

@@ -167,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             torch_device=args.device, precision=args.precision, events_kept=args.events_kept))
         store = Store(state_dir)
         stack.callback(store.close)
-        service = Service(cluster, store, models, tenants, limits)
+        service = Service(cluster, store, models, tenants, limits, edge=edge)
         stack.callback(service.close)
-        server = Server(create_app(service, args.max_body_mib << 20), args.host, args.port).start()
+        server = Server(create_app(service), args.host, args.port).start()
         print(f"plexrl serve: {server.url} ({args.engine} engine, {args.devices} devices; models: "
               f"{', '.join(sorted(models))}; state in {state_dir})", flush=True)
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: sessions finished, workers closed

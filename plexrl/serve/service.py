@@ -29,11 +29,13 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import itertools
+import json
 import logging
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,8 +43,9 @@ from plexrl.api import errors
 from plexrl.api.client import SamplingClient, ServiceClient, TrainingClient
 from plexrl.api.cluster import StateHandle
 from plexrl.api.futures import APIFuture
-from plexrl.api.types import LoraConfig, ModelInput
+from plexrl.api.types import LoraConfig, ModelInput, shown
 from plexrl.serve import wire
+from plexrl.serve.edge import EdgeLimits
 from plexrl.serve.sequencer import Sequencer
 from plexrl.serve.store import KINDS, CheckpointRecord, Run, Store, folder_bytes
 from plexrl.serve.tenants import Tenants
@@ -84,6 +87,9 @@ class TooMany(ServeError):
     status = 429
 
 
+MESSAGE_CHARS = 2000  # a failure's message is cut to this: a refusal never echoes a large value
+
+
 @dataclass(frozen=True)
 class Outcome:
     """A finished request: protobuf bytes, a JSON body, or a failure with its Tinker category."""
@@ -98,13 +104,17 @@ class Outcome:
         if isinstance(exc, (errors.InvalidInput, wire.WireError, ServeError, FileExistsError)):
             return cls(error=_message(exc), category="user")
         log.warning("request failed: %s: %s", type(exc).__name__, exc)
-        return cls(error=f"{type(exc).__name__}: {exc}", category="server")
+        return cls(error=_cut(f"{type(exc).__name__}: {exc}"), category="server")
 
 
 def _message(exc: BaseException) -> str:
     if isinstance(exc, FileExistsError):
         return f"checkpoint {exc.args[0]} exists; save under another name or with overwrite=True"
-    return str(exc)
+    return _cut(str(exc))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + f"... ({len(text):,} characters)"
 
 
 @dataclass
@@ -118,6 +128,7 @@ class Pending:
     waiting_for: Callable[[], str]  # what it waits for now (try-again's queue_state_reason)
     created: float = 0.0
     retrieved_at: float | None = None  # when its result was first answered to a poll
+    nbytes: int = 0  # the payload it holds while queued (counted against the tenant's queued_bytes)
 
 
 # ---------------------------------------------------------------------------- records
@@ -179,12 +190,17 @@ class Session:
     samplers: dict[int, str] = field(default_factory=dict)  # sampling_session_seq_id -> sampler id
     steps: int = 0  # optim_steps so far: the job's step marks
     finished: bool = False
+    finished_at: float | None = None
 
 
 @dataclass(frozen=True)
 class Limits:
     sessions_per_tenant: int = 16
     queued_per_tenant: int = 1024  # requests submitted and not yet finished
+    queued_bytes_per_tenant: int = 1 << 30  # the payloads (bodies) of those requests, in bytes
+    kept_per_tenant: int = 4096  # request records held (queued, and finished ones kept for polls)
+    seq_window: int = 1024  # a model's seq_id may run at most this far ahead of the next one it expects
+    metadata_bytes: int = 16 << 10  # a user_metadata object, as JSON
     session_timeout_s: float = 120.0  # a session without heartbeats this long is finished
     poll_hold_s: float = 25.0  # retrieve_future holds a poll this long before try-again (< 45 s)
     gap_s: float = 30.0  # a model's missing seq_id is waited for this long
@@ -195,9 +211,10 @@ class Limits:
 class Service:
     def __init__(self, cluster, store: Store, models: dict[str, str], tenants: Tenants,
                  limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic,
-                 client_flags: dict[str, Any] | None = None):
+                 client_flags: dict[str, Any] | None = None, edge: EdgeLimits = EdgeLimits()):
         """`models`: served name -> local Hugging Face folder. `client_flags`: what
-        /client/config tells the SDK (empty: its defaults, which this server supports)."""
+        /client/config tells the SDK (empty: its defaults, which this server supports).
+        `edge`: what a request's body may be (plexrl/serve/edge.py)."""
         if not models:
             raise errors.ConfigError("no model to serve; give --model PATH (or NAME=PATH) at least once")
         self.cluster = cluster
@@ -205,6 +222,8 @@ class Service:
         self.served = dict(models)
         self.tenants = tenants
         self.limits = limits
+        edge.validate()
+        self.edge = edge
         self.clock = clock
         self.client_flags = dict(client_flags or {})
         self.sessions: dict[str, Session] = {}
@@ -213,20 +232,31 @@ class Service:
         self.pending: dict[str, Pending] = {}
         self._keys: dict[tuple, str] = {}  # (tenant, kind, natural key...) -> request id
         self._queued: dict[str, int] = {}  # tenant -> requests submitted and not finished
+        self._queued_bytes: dict[str, int] = {}  # tenant -> the payload bytes those hold
+        self._kept: dict[str, int] = {}  # tenant -> request records held (pending, queued or finished)
+        self._closers: list[Callable[[], None]] = []
+        self._opening: dict[str, int] = {}  # tenant -> sessions being created right now
         # (tenant, tinker path) -> (snapshot, its model, its sync number): a named sampler still in a slot
         self._snapshots: dict[tuple[str, str], tuple[StateHandle, Model, int]] = {}
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
+        self._boot = secrets.token_hex(3)  # request ids of this server's life: a restarted server never reuses one
         self._work = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="plexrl-serve")
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="plexrl-serve-reaper", daemon=True)
         self._reaper.start()
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Something to close with the service (the HTTP edge's thread pool)."""
+        self._closers.append(closer)
 
     def close(self) -> None:
         self._stop.set()
         for session in list(self.sessions.values()):
             self._finish(session)
         self._work.shutdown(wait=True, cancel_futures=True)
+        for closer in self._closers:
+            closer()
 
     # -- identity ---------------------------------------------------------------------------------
     def tenant(self, key: str | None) -> str:
@@ -237,20 +267,36 @@ class Service:
 
     # -- sessions ---------------------------------------------------------------------------------
     def create_session(self, tenant: str, body: dict) -> dict:
+        metadata = self._metadata(body.get("user_metadata"))
         with self._lock:
             live = sum(1 for s in self.sessions.values() if s.tenant == tenant and not s.finished)
+            live += self._opening.get(tenant, 0)
             if live >= self.limits.sessions_per_tenant:
                 raise TooMany(f"tenant {tenant!r} has {live} open sessions, the most this server allows "
                               f"({self.limits.sessions_per_tenant}); finish one first")
-            session_id = f"s{next(self._ids)}-{secrets.token_hex(4)}"
-        client = self.cluster.service_client(session_id)
-        metadata = body.get("user_metadata")
-        session = Session(session_id, tenant, session_id, client, self.clock(),
-                          metadata if isinstance(metadata, dict) else None)
-        with self._lock:
-            self.sessions[session_id] = session
+            self._opening[tenant] = self._opening.get(tenant, 0) + 1
+        try:
+            session_id = f"s{self.store.next_number('session')}-{secrets.token_hex(4)}"  # unique across restarts
+            client = self.cluster.service_client(session_id)
+            session = Session(session_id, tenant, session_id, client, self.clock(), metadata)
+            with self._lock:
+                self.sessions[session_id] = session
+        finally:
+            with self._lock:
+                self._opening[tenant] -= 1
         log.info("session %s opened for tenant %s", session_id, tenant)
         return {"type": "create_session", "session_id": session_id}
+
+    def _metadata(self, value: Any) -> dict | None:
+        """A user_metadata object as stored: str keys and values (others as their str), at most
+        `metadata_bytes` as JSON. Its strings are valid Unicode: the edge refused any other."""
+        metadata = _str_dict(value)
+        if metadata is not None:
+            size = len(json.dumps(metadata, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+            if size > self.limits.metadata_bytes:
+                raise errors.InvalidInput(f"user_metadata is {size:,} bytes as JSON; expected at most "
+                                          f"{self.limits.metadata_bytes:,}")
+        return metadata
 
     def _session(self, tenant: str, session_id: Any) -> Session:
         session = _owned(self.sessions, tenant, session_id, "session")
@@ -286,7 +332,8 @@ class Service:
             for sampler_id in [s.sampler_id for s in self.samplers.values() if s.session_id == session.session_id]:
                 self.samplers.pop(sampler_id, None)
             for request_id in [p.request_id for p in self.pending.values() if p.session_id == session.session_id]:
-                self.pending.pop(request_id, None)
+                self._drop(request_id)
+            session.finished_at = self.clock()
             self._keys = {k: v for k, v in self._keys.items() if v in self.pending}
         log.info("session %s finished", session.session_id)
 
@@ -307,37 +354,89 @@ class Service:
     # -- futures ----------------------------------------------------------------------------------
     def _enqueue(self, tenant: str, session: Session, key: tuple | None,
                  submit: Callable[[concurrent.futures.Future], Callable[[], str]],
-                 unblocks: bool = False) -> tuple[str, bool]:
+                 unblocks: bool = False, nbytes: int = 0) -> tuple[str, bool]:
         """A new request (or the one already made under `key`): (request id, whether it is new).
         `submit(future)` starts the work, resolving `future` with an Outcome, and returns what
-        tells the request's state. A request that `unblocks` queued ones (the seq_id they wait
-        for) is let in past the tenant's limit: refusing it would stall them."""
+        tells the request's state; `nbytes` is the payload it holds until it finishes. A request
+        that `unblocks` queued ones (the seq_id they wait for) is let in past the tenant's limits
+        on queued requests: refusing it would stall them."""
         with self._lock:
             if key is not None:
                 known = self._keys.get((tenant, *key))
                 if known is not None and known in self.pending:
                     return known, False
-            queued = self._queued.get(tenant, 0)
+            queued, held = self._queued.get(tenant, 0), self._queued_bytes.get(tenant, 0)
             if queued >= self.limits.queued_per_tenant and not unblocks:
                 raise TooMany(f"tenant {tenant!r} has {queued} requests queued, the most this server allows "
                               f"({self.limits.queued_per_tenant}); wait for some to finish")
-            request_id = f"r{next(self._ids)}-{secrets.token_hex(4)}"
-            future: concurrent.futures.Future = concurrent.futures.Future()
-            pending = Pending(request_id, tenant, session.session_id, future, lambda: "queued", self.clock())
-            self.pending[request_id] = pending
+            if held + nbytes > self.limits.queued_bytes_per_tenant and held and not unblocks:
+                raise TooMany(f"tenant {tenant!r} has {held:,} bytes of requests queued and this one adds {nbytes:,}, "
+                              f"more than this server holds for a tenant ({self.limits.queued_bytes_per_tenant:,}); "
+                              "wait for some to finish")
+            self._make_room(tenant)
+            pending = self._new_pending(tenant, session.session_id, nbytes)
             if key is not None:
-                self._keys[(tenant, *key)] = request_id
+                self._keys[(tenant, *key)] = pending.request_id
             self._queued[tenant] = queued + 1
-        future.add_done_callback(lambda _: self._finished_one(tenant))
+            self._queued_bytes[tenant] = held + nbytes
+        pending.future.add_done_callback(lambda _: self._finished_one(tenant, nbytes))
         try:
-            pending.waiting_for = submit(future)
+            pending.waiting_for = submit(pending.future)
         except Exception as exc:
-            _resolve(future, Outcome.failed(exc))
-        return request_id, True
+            _resolve(pending.future, Outcome.failed(exc))
+        return pending.request_id, True
 
-    def _finished_one(self, tenant: str) -> None:
+    def _new_pending(self, tenant: str, session_id: str, nbytes: int) -> Pending:
+        """A request record, counted against the tenant's kept records (call with the lock held)."""
+        request_id = f"r{next(self._ids)}-{self._boot}{secrets.token_hex(3)}"
+        pending = Pending(request_id, tenant, session_id, concurrent.futures.Future(), lambda: "queued", self.clock(),
+                          nbytes=nbytes)
+        self.pending[request_id] = pending
+        self._kept[tenant] = self._kept.get(tenant, 0) + 1
+        return pending
+
+    def _make_room(self, tenant: str) -> None:
+        """Room for one more of the tenant's records: past `kept_per_tenant` its oldest retrieved
+        results go first; with none retrieved, TooMany (call with the lock held)."""
+        over = self._kept.get(tenant, 0) + 1 - self.limits.kept_per_tenant
+        if over <= 0:
+            return
+        retrieved = sorted((p.retrieved_at, p.request_id) for p in self.pending.values()
+                           if p.tenant == tenant and p.retrieved_at is not None)
+        for _, request_id in retrieved[:over]:
+            self._drop(request_id)
+        if self._kept.get(tenant, 0) + 1 > self.limits.kept_per_tenant:
+            raise TooMany(f"tenant {tenant!r} holds {self._kept[tenant]} requests and results not yet retrieved, the "
+                          f"most this server keeps ({self.limits.kept_per_tenant}); retrieve or wait for some")
+
+    def _drop(self, request_id: str) -> None:
+        """Forget a request record (call with the lock held; its natural key goes with it)."""
+        pending = self.pending.pop(request_id, None)
+        if pending is not None:
+            self._kept[pending.tenant] -= 1
+
+    def _finished_one(self, tenant: str, nbytes: int) -> None:
         with self._lock:
             self._queued[tenant] -= 1
+            self._queued_bytes[tenant] -= nbytes
+
+    def queue_state(self, pending: Pending) -> tuple[str, str]:
+        """A try-again's queue state and reason: what the request waits for, and since when."""
+        reason = pending.waiting_for()
+        state = "paused_capacity" if "room on the cluster" in reason else "active"
+        if state == "paused_capacity":
+            placer = self._placer_reason(pending.session_id)
+            reason += f": {placer}" if placer else ""
+        waited = max(0.0, self.clock() - pending.created)
+        since = datetime.fromtimestamp(time.time() - waited, timezone.utc).strftime("%H:%M:%S UTC")
+        return state, f"{reason} (since {since}, {waited:.0f} s)"
+
+    def _placer_reason(self, job: str) -> str:
+        """Why the placer keeps a job waiting, if it says."""
+        try:
+            return str(self.cluster.metrics()["placement"][job].get("waiting_reason") or "")
+        except Exception:  # a cluster without placement figures: the reason stays general
+            return ""
 
     def retrieved(self, pending: Pending) -> None:
         """A poll answered the request's result: it is kept `retention_s` more, then dropped."""
@@ -351,18 +450,23 @@ class Service:
                 (p.retrieved_at is not None and now - p.retrieved_at > keep)
                 or (p.retrieved_at is None and now - p.created > 12 * keep))]
             for request_id in old:
-                del self.pending[request_id]
+                self._drop(request_id)
+            gone = [s.session_id for s in self.sessions.values()
+                    if s.finished and s.finished_at is not None and now - s.finished_at > keep]
+            for session_id in gone:  # a finished session answers 410 for a while, then 404
+                del self.sessions[session_id]
             if old:
                 self._keys = {k: v for k, v in self._keys.items() if v in self.pending}
 
     def failed(self, tenant: str, exc: BaseException) -> str:
-        """A request refused before it started (bad input): its future fails with the message."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        future.set_result(Outcome.failed(exc))
+        """A request refused before it started (bad input): its future fails with the message
+        (cut short). It counts against the tenant's kept records like any other: TooMany past them."""
         with self._lock:
-            request_id = f"r{next(self._ids)}-{secrets.token_hex(4)}"
-            self.pending[request_id] = Pending(request_id, tenant, "", future, lambda: "failed", self.clock())
-        return request_id
+            self._make_room(tenant)
+            pending = self._new_pending(tenant, "", 0)
+        pending.waiting_for = lambda: "failed"
+        pending.future.set_result(Outcome.failed(exc))
+        return pending.request_id
 
     def future(self, tenant: str, request_id: Any) -> Pending:
         return _owned(self.pending, tenant, request_id, "request")
@@ -384,7 +488,7 @@ class Service:
         lora = _lora(body.get("lora_config"))
         self._folder(body.get("base_model"))
         run = Run(_model_id(session, seq), tenant, body["base_model"], lora.rank if lora else 0,
-                  *(_lora_flags(lora)), user_metadata=_str_dict(body.get("user_metadata")))
+                  *(_lora_flags(lora)), user_metadata=self._metadata(body.get("user_metadata")))
 
         def start(future):
             model = self._new_model(session, seq, run, next_seq=1)
@@ -396,7 +500,7 @@ class Service:
 
     def _new_model(self, session: Session, seq: int, run: Run, next_seq: int) -> Model:
         model = Model(run.run_id, session.tenant, session.session_id, run,
-                      Sequencer(next_seq, self.limits.gap_s, self.clock))
+                      Sequencer(next_seq, self.limits.gap_s, self.clock, self.limits.seq_window))
         with self._lock:
             if run.run_id in self.model_table:
                 raise errors.InvalidInput(f"model_seq_id={seq} is already a model of session {session.session_id!r}")
@@ -445,7 +549,7 @@ class Service:
 
     def _model_call(self, tenant: str, model_id: Any, seq: int | None, kind: str,
                     call: Callable[[Model], APIFuture], finish: Callable[[Model, Any], Outcome],
-                    inline: bool = False) -> str:
+                    inline: bool = False, nbytes: int = 0) -> str:
         """A call on a training model, run in seq order: `call(model)` submits it to the runtime
         and `finish(model, result)` makes its outcome: on the runtime's thread that delivered the
         result when `inline` (a `finish` that only encodes), else on a service thread (one that
@@ -475,8 +579,13 @@ class Service:
             model.sequencer.arrive(seq, go)
             return lambda: (model.sequencer.waiting_for(seq) or self._runtime_state(model, state["submitted"]))
 
+        key = (kind, model.model_id, seq) if seq is not None else None
+        with self._lock:
+            retried = key is not None and self._keys.get((tenant, *key)) in self.pending
+        if not retried:
+            model.sequencer.check(seq)
         self.store_touch(model)
-        request_id, _ = self._enqueue(tenant, session, (kind, model.model_id, seq) if seq is not None else None, start,
+        request_id, _ = self._enqueue(tenant, session, key, start, nbytes=nbytes,
                                       unblocks=seq is not None and seq == model.sequencer.next_seq)
         return request_id
 
@@ -512,7 +621,7 @@ class Service:
         return self.forward_backward(tenant, body, forward_only=True)
 
     def forward_backward(self, tenant: str, body: bytes, forward_only: bool | None = None) -> str:
-        request = wire.decode_forward_backward(body)
+        request = wire.decode_forward_backward(body, self.edge.max_request_values)
         only = request.forward_only if forward_only is None else forward_only
 
         def call(model: Model) -> APIFuture:
@@ -523,7 +632,8 @@ class Service:
             output = type(output)(output.loss_fn_outputs, wire.tinker_metrics(output.metrics))
             return Outcome(proto=wire.encode_forward_backward_output(output))
 
-        return self._model_call(tenant, request.model_id, request.seq_id, "forward_backward", call, finish, inline=True)
+        return self._model_call(tenant, request.model_id, request.seq_id, "forward_backward", call, finish, inline=True,
+                                nbytes=len(body))
 
     def optim_step(self, tenant: str, body: dict) -> str:
         # Checks of a numbered call run in its turn (inside `call`): a refused call still moves its model's sequence on.
@@ -562,14 +672,14 @@ class Service:
 
         def call(model: Model) -> APIFuture:
             _check_checkpoint_name(name)
-            _str_dict(metadata)
+            self._metadata(metadata)
             return model.client.save_state(f"serve-{kind}-{name}", with_optimizer=with_optimizer)
 
         def finish(model: Model, response) -> Outcome:
             folder = self.store.folder_for(tenant, model.run.run_id, kind, name)
             written = Path(response.path)
             record = CheckpointRecord(model.run.run_id, kind, name, tenant, str(folder), time.time(),
-                                      folder_bytes(written), with_optimizer, _str_dict(metadata))
+                                      folder_bytes(written), with_optimizer, self._metadata(metadata))
             self.store.add_checkpoint(record, written, overwrite)
             answer = {"path": record.tinker_path}
             if extra is not None:
@@ -646,7 +756,7 @@ class Service:
         lora = LoraConfig(rank=source.lora_rank, train_mlp=source.train_mlp, train_attn=source.train_attn,
                           train_unembed=source.train_unembed) if source.lora_rank else None
         run = Run(_model_id(session, seq), tenant, source.base_model, source.lora_rank, source.train_mlp,
-                  source.train_attn, source.train_unembed, user_metadata=_str_dict(body.get("user_metadata"))
+                  source.train_attn, source.train_unembed, user_metadata=self._metadata(body.get("user_metadata"))
                   or source.user_metadata)
 
         def start(future):
@@ -756,9 +866,9 @@ class Service:
         if body.get("record_stability_info"):
             raise errors.InvalidInput("record_stability_info=True (for the stable_reinforce loss) is not supported by "
                                       "PlexRL; train with loss_fn importance_sampling, ppo, cispo or dro")
+        num_samples = self._num_samples(body.get("num_samples", 1), prompt.length, params.max_tokens)
         if params.seed is None:
             params = type(params)(**{**params.__dict__, "seed": sampler.next_seed(prompt.to_ints(), seq)})
-        num_samples = body.get("num_samples", 1)
         with_prompt = bool(body.get("prompt_logprobs") or False)
         box: dict[str, Any] = {}
 
@@ -789,9 +899,19 @@ class Service:
                             else "the sampling session's model is being loaded")
 
         request_id, _ = self._enqueue(tenant, session, ("sample", sampler_id, seq) if seq is not None else None,
-                                      submit)
-        count = num_samples if isinstance(num_samples, int) and num_samples > 0 else 0
-        return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(count)]}
+                                      submit, nbytes=8 * prompt.length)
+        return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(num_samples)]}
+
+    def _num_samples(self, value: Any, prompt_tokens: int, max_tokens: int) -> int:
+        """num_samples checked before anything is built for it: an integer from 1 to what the
+        cluster's `max_sampled_tokens` allows for this prompt and max_tokens."""
+        limit = getattr(getattr(self.cluster, "config", None), "max_sampled_tokens", 1 << 16)
+        most = max(1, limit // max(1, prompt_tokens + max_tokens))
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+            raise errors.InvalidInput(
+                f"num_samples={shown(value)}; expected an integer from 1 to {most:,} (max_sampled_tokens={limit:,} over "
+                f"a prompt of {prompt_tokens:,} tokens + max_tokens={max_tokens:,})")
+        return value
 
     # -- runs, checkpoints (REST) -----------------------------------------------------------------
     def training_run(self, tenant: str, run_id: str) -> dict:
@@ -959,7 +1079,7 @@ def _str_dict(value: Any) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise BadRequest(f"user_metadata={value!r}; expected an object of strings")
+        raise BadRequest(f"user_metadata={shown(value)}; expected an object of strings")
     return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
 
 
@@ -973,8 +1093,6 @@ def _seed(*parts: str) -> int:
 
 
 def _arch(folder: str) -> str:
-    import json
-
     try:
         return (json.loads((Path(folder) / "config.json").read_text()).get("architectures") or ["unknown"])[0]
     except (OSError, ValueError):
@@ -982,8 +1100,6 @@ def _arch(folder: str) -> str:
 
 
 def _context(folder: str) -> int | None:
-    import json
-
     try:
         return json.loads((Path(folder) / "config.json").read_text()).get("max_position_embeddings")
     except (OSError, ValueError):
@@ -991,8 +1107,6 @@ def _context(folder: str) -> int | None:
 
 
 def _iso(seconds: float) -> str:
-    from datetime import datetime, timezone
-
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
 
 

@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     user_metadata TEXT,
     PRIMARY KEY (run_id, kind, name)
 );
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
 """
 
 
@@ -86,6 +90,10 @@ class CheckpointRecord:
         return f"tinker://{self.run_id}/{self.kind}/{self.name}"
 
 
+class RunExists(Exception):
+    """A run id that is already recorded (ids are unique; a record is never overwritten)."""
+
+
 class Store:
     def __init__(self, state_dir: str | Path):
         self.root = Path(state_dir)
@@ -101,13 +109,27 @@ class Store:
         with self._lock:
             self._db.close()
 
+    # -- ids --------------------------------------------------------------------------------------
+    def next_number(self, name: str) -> int:
+        """The next number of counter `name` (from 1), unique across restarts and across the
+        servers that share this state directory (SQLite serialises the increment)."""
+        with self._lock:
+            (value,) = self._db.execute(
+                "INSERT INTO counters VALUES (?, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1 "
+                "RETURNING value", (name,)).fetchone()
+        return int(value)
+
     # -- runs -------------------------------------------------------------------------------------
     def add_run(self, run: Run) -> None:
+        """Records a new run; a run id already recorded is refused (RunExists), never overwritten."""
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (run.run_id, run.tenant, run.base_model, run.lora_rank, int(run.train_mlp), int(run.train_attn),
-                 int(run.train_unembed), _dumps(run.user_metadata), run.created, run.last_request))
+            try:
+                self._db.execute(
+                    "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (run.run_id, run.tenant, run.base_model, run.lora_rank, int(run.train_mlp), int(run.train_attn),
+                     int(run.train_unembed), _dumps(run.user_metadata), run.created, run.last_request))
+            except sqlite3.IntegrityError:
+                raise RunExists(f"training run {run.run_id!r} is already recorded; a run id is never reused") from None
 
     def touch_run(self, run_id: str) -> None:
         with self._lock:
@@ -189,7 +211,16 @@ def _dumps(value: dict | None) -> str | None:
 
 
 def _loads(value: str | None) -> dict | None:
-    return None if value is None else json.loads(value)
+    """A stored metadata object; one that does not decode (written by an older server, or torn)
+    reads as None rather than breaking every listing it is in. Strings are kept as stored: the
+    server answers in ASCII JSON, so even a lone surrogate goes out escaped."""
+    if value is None:
+        return None
+    try:
+        loaded = json.loads(value)
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
 
 
 def _run(row) -> Run:

@@ -72,9 +72,15 @@ _OTHER_MODALITIES = {"image": "an image", "image_asset_pointer": "an image", "dm
 
 # ---------------------------------------------------------------------------- forward_backward in
 
-def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
-    """A ForwardBackwardRequest protobuf as plexrl types; WireError naming what does not fit."""
+def decode_forward_backward(body: bytes, max_values: int = MAX_DENSE_VALUES) -> ForwardBackwardCall:
+    """A ForwardBackwardRequest protobuf as plexrl types; WireError naming what does not fit.
+    `max_values` bounds the request's tokens and tensor values in all, counted from the
+    encoded sizes and shapes before any of them is converted or densified."""
     message = _parse(pb.ForwardBackwardRequest, body, "forward_backward body")
+    values = request_values(message)
+    if values > max_values:
+        raise WireError(f"forward_backward holds {values:,} tokens and tensor values in all ({len(message.data)} "
+                        f"datums); expected at most {max_values:,} in one request: split it into smaller ones")
     if not message.model_id:
         raise WireError("forward_backward: model_id is empty; expected the model_id create_model answered")
     if message.seq_id < 1:
@@ -85,6 +91,22 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
     data = [_datum(datum, f"forward_backward: data[{i}]") for i, datum in enumerate(message.data)]
     return ForwardBackwardCall(message.model_id, message.seq_id, message.loss_fn, _loss_fn_config(message),
                                message.forward_only, data)
+
+
+def request_values(message) -> int:
+    """Tokens and tensor values a ForwardBackwardRequest decodes to: token bytes over 4, each
+    tensor's shape product (its encoded size when it has no shape)."""
+    total = 0
+    for datum in message.data:
+        for chunk in datum.model_input:
+            if chunk.WhichOneof("chunk") == "encoded_text":
+                total += len(chunk.encoded_text.tokens) // 4
+        for tensor in datum.loss_fn_inputs.values():
+            if tensor.shape:
+                total += math.prod(max(0, size) for size in tensor.shape)
+            else:
+                total += len(tensor.dense) // max(1, _NUMPY_DTYPES.get(tensor.dtype, np.dtype(np.uint8)).itemsize)
+    return total
 
 
 def _parse(kind: type, body: Any, what: str):
