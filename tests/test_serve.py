@@ -26,6 +26,7 @@ from plexrl.serve.service import Limits, Service  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402
 from tests.helpers import reserve_bytes  # noqa: E402
+from tests.serve_helpers import result, session as open_session, tenants  # noqa: E402
 
 ALICE = "tml-alice-0123456789abcdef"
 BOB = "tml-bob-0123456789abcdefgh"
@@ -35,11 +36,9 @@ T = 120  # seconds any one result may take
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_model):
     root = tmp_path_factory.mktemp("serve")
-    keys = root / "keys.txt"
-    keys.write_text(f"# tenants\nalice {ALICE}\nbob {BOB}\n")
     cluster = LocalCluster(devices=2, checkpoint_dir=str(root / "scratch"))
     state = root / "state"
-    service = Service(cluster, Store(state), {tiny_model: tiny_model}, Tenants.from_file(keys),
+    service = Service(cluster, Store(state), {tiny_model: tiny_model}, tenants(root, alice=ALICE, bob=BOB),
                       Limits(poll_hold_s=1.0, sessions_per_tenant=6), client_flags={"fwdbwd_max_chunk_len": 2},
                       edge=EdgeLimits(max_body_bytes=1 << 20, max_json_bytes=1 << 20))
     server = Server(create_app(service)).start()
@@ -212,43 +211,26 @@ def _plexrl(d: types.Datum):
 
 # ---------------------------------------------------------------------------- raw protocol
 
-def _session(h) -> str:
-    answer = h.post("/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "0.38.0"})
-    assert answer.status_code == 200, answer.text
-    return answer.json()["session_id"]
-
-
-def _result(h, request_id: str, polls: int = 60) -> httpx.Response:
-    for _ in range(polls):
-        answer = h.post("/api/v1/retrieve_future", json={"request_id": request_id})
-        if answer.headers.get("content-type", "").startswith("application/json") and \
-                answer.json().get("type") == "try_again":
-            assert answer.json()["queue_state_reason"]
-            continue
-        return answer
-    raise AssertionError(f"request {request_id} did not finish in {polls} polls")
-
-
 def test_duplicate_submissions_return_the_same_request(world):
     with http(world) as h:
-        session = _session(h)
+        session = open_session(h)
         create = {"session_id": session, "model_seq_id": 0, "base_model": world["model"],
                   "lora_config": {"rank": 0}}
         first = h.post("/api/v1/create_model", json=create).json()["request_id"]
         assert h.post("/api/v1/create_model", json=create).json()["request_id"] == first
-        model_id = _result(h, first).json()["model_id"]
+        model_id = result(h, first).json()["model_id"]
         assert model_id == f"{session}:train:0"
         step = {"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 1e-3}}
         one = h.post("/api/v1/optim_step", json=step).json()["request_id"]
         again = h.post("/api/v1/optim_step", json=step, headers={"X-Idempotency-Key": "another"}).json()["request_id"]
         assert one == again
-        assert "metrics" in _result(h, one).json()
+        assert "metrics" in result(h, one).json()
         h.post(f"/api/v1/sessions/{session}/finish", json={})
 
 
 def test_malformed_input_gets_a_4xx_with_a_message(world):
     with http(world) as h:
-        session = _session(h)
+        session = open_session(h)
         cases = [
             h.post("/api/v1/create_model", content=b"{not json", headers={"content-type": "application/json"}),
             h.post("/api/v1/create_model", json=[1, 2]),
@@ -265,7 +247,7 @@ def test_malformed_input_gets_a_4xx_with_a_message(world):
         assert cases[3].status_code == 413
         unserved = h.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
                                                          "base_model": "/not/served", "lora_config": {"rank": 0}})
-        failed = _result(h, unserved.json()["request_id"]).json()
+        failed = result(h, unserved.json()["request_id"]).json()
         assert failed["category"] == "user" and "not served" in failed["error"]
         h.post(f"/api/v1/sessions/{session}/finish", json={})
 
@@ -295,7 +277,7 @@ def test_another_tenants_things_are_not_found(world):
                 assert answer.json()["detail"]
             assert bob.get("/api/v1/training_runs").json()["training_runs"] == [] or all(
                 r["model_owner"] == "bob" for r in bob.get("/api/v1/training_runs").json()["training_runs"])
-            bob_session = _session(bob)
+            bob_session = open_session(bob)
             loaded = bob.post("/api/v1/load_weights", json={"session_id": bob_session, "model_seq_id": 0,
                                                             "path": ckpt.path, "optimizer": True})
             assert loaded.status_code == 404 and "mine" in loaded.json()["detail"]
@@ -309,13 +291,13 @@ def test_another_tenants_things_are_not_found(world):
 
 def test_tenant_limits_answer_429(world):
     with http(world, BOB) as h:
-        sessions = [_session(h) for _ in range(6)]
+        sessions = [open_session(h) for _ in range(6)]
         answer = h.post("/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "x"})
         assert answer.status_code == 429 and "6" in answer.json()["detail"]
         for session in sessions:
             h.post(f"/api/v1/sessions/{session}/finish", json={})
         assert h.post("/api/v1/session_heartbeat", json={"session_id": sessions[0]}).status_code == 410
-        _session(h)  # room again
+        open_session(h)  # room again
 
 
 def test_tenants_at_once_are_isolated_and_transparent(world):
@@ -345,10 +327,10 @@ def test_a_session_without_heartbeats_is_finished(world, tiny_model):
     service = Service(world["cluster"], Store(world["state"]), {tiny_model: tiny_model}, Tenants(),
                       Limits(session_timeout_s=1.0, poll_hold_s=0.5))
     with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
-        session = _session(h)
+        session = open_session(h)
         created = h.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
                                                        "base_model": tiny_model, "lora_config": {"rank": 0}})
-        _result(h, created.json()["request_id"])
+        result(h, created.json()["request_id"])
         job_states = lambda: [s for s in world["cluster"].residency() if s.startswith(session)]  # noqa: E731
         assert job_states()
         for _ in range(100):  # no heartbeats from here on: the reaper finishes it after 1 s
@@ -471,53 +453,25 @@ def test_a_request_waiting_for_room_says_so_and_runs_when_room_is_made(tmp_path,
         with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
             body = lambda s: {"session_id": s, "model_seq_id": 0, "base_model": tiny_model,  # noqa: E731
                               "lora_config": {"rank": 0}}
-            first, second = _session(h), _session(h)
-            assert "model_id" in _result(h, h.post("/api/v1/create_model", json=body(first)).json()["request_id"]).json()
+            first, second = open_session(h), open_session(h)
+            assert "model_id" in result(h, h.post("/api/v1/create_model", json=body(first)).json()["request_id"]).json()
             waiting = h.post("/api/v1/create_model", json=body(second)).json()["request_id"]
             poll = h.post("/api/v1/retrieve_future", json={"request_id": waiting}).json()
             assert poll["type"] == "try_again" and poll["queue_state"] == "paused_capacity"
             assert "room" in poll["queue_state_reason"]
             h.post(f"/api/v1/sessions/{first}/finish", json={})
-            assert _result(h, waiting).json()["model_id"] == f"{second}:train:0"
+            assert result(h, waiting).json()["model_id"] == f"{second}:train:0"
         service.close()
-
-
-ENDPOINTS = ("session_heartbeat", "create_model", "get_info", "forward_backward", "forward",
-             "optim_step", "save_weights", "load_weights", "save_weights_for_sampler", "create_sampling_session",
-             "asample", "retrieve_future", "weights_info", "client/config")
-
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
-
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                     | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-                     max_leaves=8)
-_fields = st.dictionaries(st.sampled_from(["session_id", "model_id", "model_seq_id", "seq_id", "base_model", "path",
-                                           "request_id", "sampling_session_id", "sampling_session_seq_id", "prompt",
-                                           "sampling_params", "adam_params", "lora_config", "num_samples",
-                                           "optimizer", "tinker_path", "model_path"]), _json, max_size=6)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(endpoint=st.sampled_from(ENDPOINTS), body=_fields | _json, raw=st.binary(max_size=64), as_raw=st.booleans())
-def test_no_input_gets_a_500_or_hangs(world, endpoint, body, raw, as_raw):
-    with http(world) as h:
-        if as_raw:
-            answer = h.post(f"/api/v1/{endpoint}", content=raw, headers={"content-type": "application/x-protobuf"})
-        else:
-            answer = h.post(f"/api/v1/{endpoint}", json=body)
-    assert answer.status_code < 500, (endpoint, body, answer.text)
-    assert answer.content  # never an empty body
 
 
 def test_queued_requests_past_the_tenant_limit_answer_429(world, tmp_path, tiny_model):
     service = Service(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
                       Limits(queued_per_tenant=3, poll_hold_s=0.3))
     with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
-        session = _session(h)
+        session = open_session(h)
         created = h.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
                                                        "base_model": tiny_model, "lora_config": {"rank": 0}})
-        model_id = _result(h, created.json()["request_id"]).json()["model_id"]
+        model_id = result(h, created.json()["request_id"]).json()["model_id"]
         step = lambda n: h.post("/api/v1/optim_step", json={"model_id": model_id, "seq_id": n,  # noqa: E731
                                                             "adam_params": {}})
         held = [step(n) for n in (2, 3, 4)]  # all wait for seq_id 1
@@ -525,8 +479,8 @@ def test_queued_requests_past_the_tenant_limit_answer_429(world, tmp_path, tiny_
         refused = step(5)
         assert refused.status_code == 429 and "3 requests queued" in refused.json()["detail"]
         first = step(1)  # the call the held ones wait for is let in past the limit, or they would stall
-        assert first.status_code == 200 and "metrics" in _result(h, first.json()["request_id"]).json()
-        assert "metrics" in _result(h, held[-1].json()["request_id"]).json()
+        assert first.status_code == 200 and "metrics" in result(h, first.json()["request_id"]).json()
+        assert "metrics" in result(h, held[-1].json()["request_id"]).json()
         h.post(f"/api/v1/sessions/{session}/finish", json={})
     service.close()
 
@@ -536,14 +490,14 @@ def test_retrieved_results_are_dropped_after_the_retention_time(world, tmp_path,
     service = Service(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
                       Limits(retention_s=60, session_timeout_s=1e9, poll_hold_s=0.3), clock=lambda: now[0])
     with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
-        session = _session(h)
+        session = open_session(h)
         created = h.post("/api/v1/create_model", json={"session_id": session, "model_seq_id": 0,
                                                        "base_model": tiny_model, "lora_config": {"rank": 0}})
         request_id = created.json()["request_id"]
-        assert "model_id" in _result(h, request_id).json()
+        assert "model_id" in result(h, request_id).json()
         now[0] = 59.0
         threading.Event().wait(1.5)  # a reaper round
-        assert "model_id" in _result(h, request_id).json()  # a second poll (after a lost answer) still gets it
+        assert "model_id" in result(h, request_id).json()  # a second poll (after a lost answer) still gets it
         now[0] = 61.0
         for _ in range(50):
             if request_id not in service.pending:

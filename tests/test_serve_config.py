@@ -52,3 +52,14 @@ def test_without_keys_the_server_refuses_a_non_loopback_address(tiny_model, caps
     assert "binds only a loopback address" in capsys.readouterr().err
     assert main([]) == 2
     assert "--model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--edge-workers", "0"], "workers=0"),
+    (["--max-json-mib", "0"], "max_json_bytes=0"),
+    (["--queued-per-tenant", "-1"], "queued_per_tenant=-1"),
+    (["--poll-hold", "0"], "poll_hold_s=0"),
+])
+def test_bad_limits_are_refused_naming_the_setting(tiny_model, capsys, flags, message):
+    assert main(["--model", tiny_model, *flags]) == 2
+    assert message in capsys.readouterr().err

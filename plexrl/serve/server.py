@@ -124,7 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--session-timeout", type=float, default=120.0,
                         help="seconds without a heartbeat after which a session is finished")
     parser.add_argument("--poll-hold", type=float, default=25.0, help="seconds a retrieve_future poll is held")
-    parser.add_argument("--max-body-mib", type=int, default=64)
+    parser.add_argument("--max-body-mib", type=int, default=32, help="largest protobuf body (forward_backward)")
+    parser.add_argument("--max-json-mib", type=int, default=4, help="largest JSON body")
+    parser.add_argument("--edge-workers", type=int, default=8,
+                        help="threads that parse and handle requests; one tenant holds at most half of them")
+    parser.add_argument("--queued-per-tenant", type=int, default=1024,
+                        help="requests a tenant may have submitted and not finished")
     parser.add_argument("--events-kept", type=int, default=1_000_000, metavar="N",
                         help="event records each event log keeps in memory (past it the oldest half goes); "
                         "a server runs for days, and every request logs a few")
@@ -140,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from plexrl import engines
     from plexrl.serve.app import create_app
+    from plexrl.serve.edge import EdgeLimits
     from plexrl.serve.service import Limits, Service
     from plexrl.serve.store import Store
     from plexrl.serve.tenants import Tenants
@@ -155,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             raise errors.ConfigError(f"--host {args.host} without --api-keys: a server without keys binds only a "
                                      "loopback address (127.0.0.1); give --api-keys FILE to serve a network")
         state_dir = Path(args.state_dir).resolve()
-        limits = Limits(session_timeout_s=args.session_timeout, poll_hold_s=args.poll_hold)
+        limits = Limits(session_timeout_s=args.session_timeout, poll_hold_s=args.poll_hold,
+                        queued_per_tenant=args.queued_per_tenant)
+        edge = EdgeLimits(max_body_bytes=args.max_body_mib << 20, max_json_bytes=args.max_json_mib << 20,
+                          workers=args.edge_workers, tenant_share=max(1, args.edge_workers // 2))
+        limits.validate(), edge.validate()
     except errors.InvalidInput as exc:
         print(f"plexrl serve: {exc}", file=sys.stderr)
         return 2

@@ -207,6 +207,12 @@ class Limits:
     retention_s: float = 300.0  # a result is kept this long after it was retrieved (the SDK may poll again after
     # a transport error, and a retried submission returns it); one never retrieved, 12 times as long
 
+    def validate(self) -> None:
+        bad = [f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__
+               if not (isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0)]
+        if bad:
+            raise errors.ConfigError(f"serve limits {', '.join(bad)}; expected numbers > 0")
+
 
 class Service:
     def __init__(self, cluster, store: Store, models: dict[str, str], tenants: Tenants,
@@ -221,6 +227,7 @@ class Service:
         self.store = store
         self.served = dict(models)
         self.tenants = tenants
+        limits.validate()
         self.limits = limits
         edge.validate()
         self.edge = edge
@@ -301,7 +308,7 @@ class Service:
     def _session(self, tenant: str, session_id: Any) -> Session:
         session = _owned(self.sessions, tenant, session_id, "session")
         if session.finished:
-            raise Gone(f"session {session_id!r} has finished")
+            raise Gone(f"session {shown(session_id)} has finished")
         return session
 
     def heartbeat(self, tenant: str, body: dict) -> dict:
@@ -475,7 +482,7 @@ class Service:
     def _folder(self, base_model: Any) -> str:
         folder = self.served.get(base_model) if isinstance(base_model, str) else None
         if folder is None:
-            raise errors.InvalidInput(f"base_model={base_model!r} is not served here; expected one of "
+            raise errors.InvalidInput(f"base_model={shown(base_model)} is not served here; expected one of "
                                       f"{sorted(self.served)}")
         return folder
 
@@ -484,7 +491,7 @@ class Service:
         seq = _int(body, "model_seq_id")
         optimizer = body.get("optimizer_config") or {}
         if isinstance(optimizer, dict) and optimizer.get("type", "adamw") != "adamw":
-            raise BadRequest(f"optimizer_config.type={optimizer.get('type')!r}; PlexRL trains with 'adamw' only")
+            raise BadRequest(f"optimizer_config.type={shown(optimizer.get('type'))}; PlexRL trains with 'adamw' only")
         lora = _lora(body.get("lora_config"))
         self._folder(body.get("base_model"))
         run = Run(_model_id(session, seq), tenant, body["base_model"], lora.rank if lora else 0,
@@ -771,7 +778,7 @@ class Service:
         run_id, kind, name = parse_tinker_path(path)
         record = self.store.checkpoint(tenant, run_id, kind, name)
         if record is None:
-            raise NotFound(f"no checkpoint {path!r}")
+            raise NotFound(f"no checkpoint {shown(path)}")
         return record
 
     # -- sampling ---------------------------------------------------------------------------------
@@ -857,7 +864,7 @@ class Service:
         seq = _opt_int(body, "seq_id")
         for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(unsupported):
-                raise errors.InvalidInput(f"{unsupported}={body[unsupported]!r}; PlexRL does not compute top-k "
+                raise errors.InvalidInput(f"{unsupported}={shown(body[unsupported])}; PlexRL does not compute top-k "
                                           "log-probs: expected 0")
         if body.get("target_prompt_logprobs") is not None:
             raise errors.InvalidInput("target_prompt_logprobs is not supported by PlexRL; expected None")
@@ -917,7 +924,7 @@ class Service:
     def training_run(self, tenant: str, run_id: str) -> dict:
         run = self.store.run(tenant, run_id)
         if run is None:
-            raise NotFound(f"no training run {run_id!r}")
+            raise NotFound(f"no training run {shown(run_id)}")
         return self._run_json(run)
 
     def _run_json(self, run: Run) -> dict:
@@ -937,7 +944,7 @@ class Service:
 
     def checkpoints(self, tenant: str, run_id: str) -> dict:
         if self.store.run(tenant, run_id) is None:
-            raise NotFound(f"no training run {run_id!r}")
+            raise NotFound(f"no training run {shown(run_id)}")
         records = self.store.checkpoints(tenant, run_id)
         return {"checkpoints": [_checkpoint_json(r) for r in records],
                 "cursor": {"offset": 0, "limit": len(records), "total_count": len(records)}}
@@ -945,7 +952,7 @@ class Service:
     def delete_checkpoint(self, tenant: str, run_id: str, checkpoint_id: str) -> None:
         kind, _, name = checkpoint_id.partition("/")
         if kind not in KINDS or not name:
-            raise NotFound(f"no checkpoint {checkpoint_id!r}; expected weights/NAME or sampler_weights/NAME")
+            raise NotFound(f"no checkpoint {shown(checkpoint_id)}; expected weights/NAME or sampler_weights/NAME")
         if not self.store.delete_checkpoint(tenant, run_id, kind, name):
             raise NotFound(f"no checkpoint tinker://{run_id}/{checkpoint_id}")
         with self._lock:
@@ -976,7 +983,7 @@ def _owned(table: dict, tenant: str, key: Any, what: str):
     record as for one that does not exist."""
     record = table.get(key) if isinstance(key, str) else None
     if record is None or record.tenant != tenant:
-        raise NotFound(f"no {what} {key!r}")
+        raise NotFound(f"no {what} {shown(key)}")
     return record
 
 
@@ -1025,10 +1032,10 @@ def _rewritten(model: "Model", number: int) -> bool:
 
 def parse_tinker_path(path: Any) -> tuple[str, str, str]:
     if not isinstance(path, str) or not path.startswith("tinker://"):
-        raise errors.InvalidInput(f"path={path!r}; expected tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
+        raise errors.InvalidInput(f"path={shown(path)}; expected tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
     parts = path[len("tinker://"):].split("/")
     if len(parts) != 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
-        raise errors.InvalidInput(f"path={path!r}; expected tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
+        raise errors.InvalidInput(f"path={shown(path)}; expected tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
     return parts[0], parts[1], parts[2]
 
 
@@ -1045,7 +1052,7 @@ def _model_id(session: Session, seq: int) -> str:
 def _int(body: dict, name: str) -> int:
     value = body.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadRequest(f"{name}={value!r}; expected an integer >= 0")
+        raise BadRequest(f"{name}={shown(value)}; expected an integer >= 0")
     return value
 
 
@@ -1058,10 +1065,10 @@ def _lora(config: Any) -> LoraConfig | None:
     if config is None:
         return None
     if not isinstance(config, dict):
-        raise BadRequest(f"lora_config={config!r}; expected an object with 'rank'")
+        raise BadRequest(f"lora_config={shown(config)}; expected an object with 'rank'")
     rank = config.get("rank")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-        raise errors.InvalidInput(f"lora_config.rank={rank!r}; expected an integer >= 1 (or 0 for full-parameter training)")
+        raise errors.InvalidInput(f"lora_config.rank={shown(rank)}; expected an integer >= 1 (or 0 for full-parameter training)")
     if rank == 0:
         return None
     seed = config.get("seed")

@@ -129,7 +129,7 @@ def _loss_fn_config(message) -> dict[str, float | str]:
     for key, value in message.loss_fn_config_v2.items():
         arm = value.WhichOneof("value")
         if arm is None:
-            raise WireError(f"forward_backward: loss_fn_config_v2[{key!r}] holds neither a number nor text; "
+            raise WireError(f"forward_backward: loss_fn_config_v2[{shown(key)}] holds neither a number nor text; "
                             "expected one of them")
         config[key] = getattr(value, arm)
     return config
@@ -137,7 +137,7 @@ def _loss_fn_config(message) -> dict[str, float | str]:
 
 def _datum(message, where: str) -> Datum:
     chunks = tuple(_chunk(chunk, f"{where}.model_input[{j}]") for j, chunk in enumerate(message.model_input))
-    inputs = {name: _tensor(tensor, f"{where}.loss_fn_inputs[{name!r}]")
+    inputs = {name: _tensor(tensor, f"{where}.loss_fn_inputs[{shown(name)}]")
               for name, tensor in message.loss_fn_inputs.items()}
     return Datum(ModelInput(chunks), inputs)
 
@@ -250,14 +250,14 @@ def _output_arrays(fields: Any, where: str) -> dict[str, np.ndarray]:
     arrays = {}
     for name, tensor in fields.items():
         if not isinstance(name, str) or not isinstance(tensor, TensorData) or tensor.dtype not in ("float32", "int64"):
-            raise WireError(f"{where}[{name!r}]={shown(tensor)}; expected a TensorData of dtype 'float32' or 'int64'")
+            raise WireError(f"{where}[{shown(name)}]={shown(tensor)}; expected a TensorData of dtype 'float32' or 'int64'")
         try:
             array = np.ascontiguousarray(tensor.to_numpy())
         except (TypeError, ValueError, OverflowError) as exc:
-            raise WireError(f"{where}[{name!r}] does not convert to an array ({exc}); expected numbers that fit "
+            raise WireError(f"{where}[{shown(name)}] does not convert to an array ({exc}); expected numbers that fit "
                             f"its shape {tensor.shape}") from None
         if array.ndim > 1 and 0 in array.shape[1:]:
-            raise WireError(f"{where}[{name!r}] has shape {array.shape}; expected no zero-sized dimension after "
+            raise WireError(f"{where}[{shown(name)}] has shape {array.shape}; expected no zero-sized dimension after "
                             "the first (the SDK could not tell the first dimension back)")
         arrays[name] = array.reshape(1) if array.ndim == 0 else array
     return arrays
