@@ -42,8 +42,7 @@ def world(tmp_path_factory, tiny_model):
                       Limits(poll_hold_s=1.0, sessions_per_tenant=6), client_flags={"fwdbwd_max_chunk_len": 2},
                       edge=EdgeLimits(max_body_bytes=1 << 20, max_json_bytes=1 << 20))
     server = Server(create_app(service)).start()
-    yield {"url": server.url, "service": service, "cluster": cluster, "model": tiny_model, "state": state,
-           "keys": keys}
+    yield {"url": server.url, "service": service, "cluster": cluster, "model": tiny_model, "state": state}
     server.stop()
     service.close()
     cluster.close()
