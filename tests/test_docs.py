@@ -154,3 +154,18 @@ def _prose_lines(path: Path):
 def test_no_prose_line_over_120_characters(path):
     long = [number for number, line in _prose_lines(path) if len(line) > 120]
     assert not long, f"{path.relative_to(ROOT)}: lines over 120 characters: {long}"
+
+
+def test_every_design_reference_in_the_code_names_a_section_of_the_design_page():
+    design = (ROOT / "docs" / "design.md").read_text()
+    sections = {m.group(1): m.start() for m in re.finditer(r"^## (\d+)\. ", design, re.MULTILINE)}
+    cited = set()
+    for path in [*(ROOT / "plexrl").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        cited |= {(path.name, ref) for ref in re.findall(r"docs/design\.md §(\d+(?:\.\d+)?)", path.read_text())}
+    assert cited
+    for where, ref in sorted(cited):
+        section, _, item = ref.partition(".")
+        assert section in sections, f"{where} cites docs/design.md §{ref}: no such section"
+        if item:
+            body = design[sections[section]:].split("\n## ", 1)[0]
+            assert re.search(rf"^{item}\. ", body, re.MULTILINE), f"{where} cites §{ref}: no item {item}"

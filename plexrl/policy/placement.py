@@ -1,5 +1,5 @@
 """Placement: which devices of which node group a job's models live on, and with what phase
-shift (DESIGN §6).
+shift (docs/design.md §6).
 
 `Placer.place(profile, now)` returns `Placement(group, phase_shift_s, score, devices,
 inflation)` or `Wait(reason)`, and commits a placement it returns; `release(job)` gives the
