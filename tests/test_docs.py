@@ -149,7 +149,14 @@ def _prose_lines(path: Path):
             yield number, line
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "docs").rglob("*.md")),
+def test_readme_is_short_and_keeps_the_setup_commands():
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    assert len(text.splitlines()) <= 150
+    assert "make demo" in text and "make test" in text
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_prose_line_over_120_characters(path):
     long = [number for number, line in _prose_lines(path) if len(line) > 120]
