@@ -93,7 +93,7 @@ def _action_row(action: argparse.Action) -> str:
     else:
         name = f"`{action.metavar or action.dest}`" + (" (optional)" if action.nargs == "?" else "")
     if action.choices:
-        accepts = " \\| ".join(f"`{c}`" for c in action.choices)
+        accepts = " or ".join(f"`{c}`" for c in action.choices)
     elif action.nargs == 0:
         accepts = "flag"
     else:
@@ -159,25 +159,32 @@ def config_reference() -> str:
 
 
 # -- errors -----------------------------------------------------------------------------------------------
-def raise_sites() -> dict[str, list[str]]:
-    """Where the code raises each exception of plexrl.errors: `module.function` names, from the source."""
+def raise_sites() -> dict[str, dict[str, list[str]]]:
+    """Where the code makes each exception of plexrl.errors (raises it, or builds it for a future),
+    read from the source: {exception: {module: [Class.function, ...]}}."""
     from plexrl import errors
 
     names = set(errors.__all__)
-    sites: dict[str, set[str]] = {name: set() for name in names}
-    for path in sorted((ROOT / "plexrl").rglob("*.py")):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        tree = ast.parse(path.read_text())
-        for scope in ast.walk(tree):
-            if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    sites: dict[str, dict[str, set[str]]] = {name: {} for name in names}
+
+    def visit(node, module: str, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, module, [*scope, child.name])
                 continue
-            for node in ast.walk(scope):
-                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                    func = node.exc.func
-                    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-                    if name in names:
-                        sites[name].add(f"{module}.{scope.name}")
-    return {name: sorted(found) for name, found in sites.items()}
+            if isinstance(child, ast.Call):
+                func = child.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if name in names:
+                    sites[name].setdefault(module, set()).add(".".join(scope) or "(module)")
+            visit(child, module, scope)
+
+    for path in sorted((ROOT / "plexrl").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module != "plexrl.api.errors":
+            visit(ast.parse(path.read_text()), module, [])
+    return {name: {m: sorted(f) for m, f in sorted(found.items())} for name, found in sites.items()}
 
 
 def errors_reference() -> str:
@@ -193,12 +200,13 @@ def errors_reference() -> str:
         lines += [f"### `{name}`", "", f"Subclass of {bases}; retriable: **{'yes' if cls.retriable else 'no'}**.", ""]
         if doc and doc != inspect.getdoc(cls.__bases__[0]):
             lines += [" ".join(doc.split()), ""]
-        where = sites[name]
-        if where:
-            shown = ", ".join(f"`{w}`" for w in where[:12]) + (f" and {len(where) - 12} more" if len(where) > 12 else "")
-            lines += [f"Raised in: {shown}.", ""]
+        if sites[name]:
+            lines += ["Raised in:", ""]
+            lines += [f"- `{module}`: " + ", ".join(f"`{f}`" for f in functions)
+                      for module, functions in sites[name].items()]
+            lines.append("")
         else:
-            lines += ["Raised only through its subclasses, or caught as a family.", ""]
+            lines += ["Not raised by name: it stands for its subclasses (`except` it to catch them all).", ""]
     return "\n".join(lines)
 
 

@@ -136,6 +136,8 @@ def test_errors_reference_names_every_exception(site):
 
     text = page_text(site, "reference/errors")
     assert all(name in text for name in errors.__all__)
+    undocumented = [name for name in errors.__all__ if not getattr(errors, name).__doc__]
+    assert not undocumented, f"exceptions without a docstring saying when they are raised: {undocumented}"
 
 
 def _prose_lines(path: Path):
