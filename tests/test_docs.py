@@ -178,3 +178,12 @@ def test_every_design_reference_in_the_code_names_a_section_of_the_design_page()
         if item:
             body = design[sections[section]:].split("\n## ", 1)[0]
             assert re.search(rf"^{item}\. ", body, re.MULTILINE), f"{where} cites §{ref}: no item {item}"
+
+
+def test_the_readme_library_example_runs(tmp_path):
+    """The README's first Python example, as written, on the local engine (same API, no processes)."""
+    code = (ROOT / "README.md").read_text().split("```python", 1)[1].split("```", 1)[0]
+    assert "plexrl.ProcessCluster(" in code and "/tmp/models/tiny/m" in code
+    code = code.replace("plexrl.ProcessCluster(", "plexrl.LocalCluster(").replace(
+        "/tmp/models/tiny/m", str(tmp_path / "models" / "tiny" / "m"))
+    exec(compile(code, "README.md", "exec"), {})
