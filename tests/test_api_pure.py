@@ -1,4 +1,4 @@
-"""DESIGN §8: the job side (plexrl/api) imports neither torch, ray nor transformers, and its
+"""docs/design.md §8: the job side (plexrl/api) imports neither torch, ray nor transformers, and its
 clients stand on any `Cluster`.
 
 The clients run here on `FakeCluster`, a hand-written `Cluster` that executes nothing: bad input

@@ -1,4 +1,4 @@
-"""DESIGN §8: Ray where Ray hosts. The local and process engines run a job end to end from a
+"""docs/design.md §8: Ray where Ray hosts. The local and process engines run a job end to end from a
 driver where Ray cannot be imported (the process engine's device workers are plain Python
 children running runtime/device_worker.py), and every engine's settings are one frozen config."""
 

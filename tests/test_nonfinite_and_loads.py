@@ -1,4 +1,4 @@
-"""Poison is refused and a failed load changes nothing (issue 13, defects 6 and 7; DESIGN §9.7).
+"""Poison is refused and a failed load changes nothing (issue 13, defects 6 and 7; docs/design.md §9.7).
 
 Invariants checked, on the local and the process engine:
 - a forward_backward or optim_step whose loss, gradients, optimizer parameters or result would

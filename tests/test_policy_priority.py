@@ -1,4 +1,4 @@
-"""Request priority (DESIGN §5) against a plain reference implementation."""
+"""Request priority (docs/design.md §5) against a plain reference implementation."""
 
 from __future__ import annotations
 

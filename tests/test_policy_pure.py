@@ -1,4 +1,4 @@
-"""DESIGN §9.6: the policy code is pure — no torch/ray/transformers, no clock, no I/O."""
+"""docs/design.md §9.6: the policy code is pure — no torch/ray/transformers, no clock, no I/O."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN §9 invariants on the real runtime, each checked from the outside (results, event log).
+"""docs/design.md §9 invariants on the real runtime, each checked from the outside (results, event log).
 
 1 transparency: a job multiplexed with others ends bitwise equal to the same job run alone;
 2 budgets: device arenas and host memory never exceed their budgets (replayed from the event log,
@@ -275,7 +275,7 @@ def test_a_snapshot_superseded_while_in_use_is_removed_once_its_call_ends(micro_
 @pytest.mark.parametrize("policy, slack_b, first", [("plexrl", 100.0, "job-a"), ("hrrn", 100.0, "job-b"),
                                                     ("plexrl", 0.0, "job-b")])
 def test_a_job_past_its_slack_in_a_step_goes_first(micro_model, policy, slack_b, first):
-    """The scheduler counts a job's waits in a step against its slack (DESIGN §5): job A's step
+    """The scheduler counts a job's waits in a step against its slack (docs/design.md §5): job A's step
     marks came back to back, so its step alone is ~0 s and any wait overruns its slack; its call
     goes before job B's older one under `plexrl` while B, with slack to spare, can wait. `hrrn`
     has no slack term: B waited longer. B has no step measured yet: its step so far (from its

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 
 class PlexRLError(Exception):
+    """Every PlexRL error; `retriable` says whether the same call may succeed if repeated."""
+
     retriable = False
 
 
@@ -20,19 +22,20 @@ class ModelLoadError(InvalidInput):
 
 
 class UnknownLossFunction(InvalidInput):
-    pass
+    """`loss_fn` names no built-in loss (and is not a callable for `forward_backward_custom`)."""
 
 
 class DatumShapeError(InvalidInput):
-    pass
+    """The data of a forward or backward call is malformed: not a list of datums, a loss input
+    that is missing, of the wrong length, type or dtype, or holds non-finite values or bad ids."""
 
 
 class InvalidSamplingParams(InvalidInput):
-    pass
+    """A sampling parameter is out of range (max_tokens, temperature, top_k, top_p, seed, stop)."""
 
 
 class InvalidAdamParams(InvalidInput):
-    pass
+    """An Adam parameter is out of range (learning rate, betas, eps, weight decay, clipping)."""
 
 
 class NonFiniteUpdate(InvalidInput):
@@ -64,7 +67,8 @@ class ExecutionError(PlexRLError):
 
 
 class UnknownModel(InvalidInput):
-    pass
+    """A call names a model state the cluster no longer holds (released, or a superseded sampler
+    snapshot)."""
 
 
 class ConfigError(InvalidInput):

@@ -1,4 +1,4 @@
-"""Engines host the one runtime (plexrl/runtime/front.py) somewhere (DESIGN §8); they never
+"""Engines host the one runtime (plexrl/runtime/front.py) somewhere (docs/design.md §8); they never
 re-implement a piece. Importing this package imports neither torch nor Ray; each engine is
 loaded on first use, and only the Ray engine imports Ray.
 

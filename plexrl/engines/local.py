@@ -1,4 +1,4 @@
-"""The local engine: every piece of the runtime in this process (DESIGN §8).
+"""The local engine: every piece of the runtime in this process (docs/design.md §8).
 
     LocalCluster (the front) ─ Control (a thread pool)
                              └ per node group: Node (a thread pool: StateManager + group scheduler)

@@ -1,4 +1,4 @@
-"""Who used how much device time (DESIGN §7).
+"""Who used how much device time (docs/design.md §7).
 
 A job is charged for the execution of its functions plus the switch-in of its states: the
 offloads its dispatch forced and the load itself. Devices accumulate busy time from the same

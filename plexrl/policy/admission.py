@@ -3,7 +3,7 @@
 Retries go in submission order, and a job that still does not fit does not block the ones
 behind it (backfilling): a small job can overtake a large one. That keeps devices busy; the
 price is that a large job can wait long on a busy cluster, which is why every wait is
-recorded. Queueing delay = admission time - submission time (DESIGN §7), 0 for a job placed
+recorded. Queueing delay = admission time - submission time (docs/design.md §7), 0 for a job placed
 at once. A waiting job may also be admitted at a placed job's step boundary, when moving that
 job lets it start (`make_room`: onto devices nobody uses or into a share). Time is passed in.
 """

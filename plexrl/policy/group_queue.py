@@ -1,4 +1,4 @@
-"""The request queues of one node group: per-state FIFOs, ready heads, parking (DESIGN §5).
+"""The request queues of one node group: per-state FIFOs, ready heads, parking (docs/design.md §5).
 
 The runtime's `GroupScheduler` (which adds threads, a lock and the I/O pool) and the simulator's
 `GroupReplay` (virtual time) keep their queues here, so both follow one set of rules. Items are

@@ -1,5 +1,5 @@
 """Placement: which devices of which node group a job's models live on, and with what phase
-shift (DESIGN §6).
+shift (docs/design.md §6).
 
 `Placer.place(profile, now)` returns `Placement(group, phase_shift_s, score, devices,
 inflation)` or `Wait(reason)`, and commits a placement it returns; `release(job)` gives the
@@ -31,11 +31,10 @@ How a decision is made:
 5. slack: the choice's step inflation is estimated for the job and for every job sharing a
    device with it; the job waits when it would exceed its own slack or push a co-tenant
    beyond theirs; a job whose run ends (`JobProfile.ends`) is judged by at most `pack_limit`
-   among tenants that end too (see "Packing when it pays" below) (only the best candidate is
-   checked: no second-best search). When no
-   devices the search could choose would pass this check (`_refused_everywhere`, an exact
-   bound under the call model), the job waits without a search: most retries of a saturated
-   cluster's queue end there.
+   among tenants that end too ("Packing when it pays", below). Only the best candidate is
+   checked: no second-best search. When no devices the search could choose would pass this
+   check (`_refused_everywhere`, an exact bound under the call model), the job waits without a
+   search: most retries of a saturated cluster's queue end there.
 
 Inflation model (ours), when every profile involved knows its calls (`JobProfile.barriers`,
 `residual_s`): non-preemptive sharing. A device runs one call at a time, to its end. Each of
@@ -50,28 +49,16 @@ its devices at once (its calls start together), so a barrier that shares one dev
 waits for the rest of k's call as long as one that shares them all: a job j sharing any of
 its devices with k slows by
     barriers_j * sum_k residual_s_k / period_j                    (`wait_inflation`)
-whatever fraction of its devices it shares (scaling the wait by that fraction predicted
-agent-30b pairs on saturated-1024, sharing ~half their GPUs, at 10% where they ran 24% slow).
-The wait falls on whoever arrives second, so a job of many short phases (agentic turns)
-loses more than a fluid split says, and a job of few long calls with long idle (code with
-sandboxes) less. On the simulator's crowded workload this predicts per-job inflation with
-correlation 0.95 (MAE 7-8 points) where fluid sharing had 0.56 (MAE 22 points); on
-saturated-1024 and agentic-bursty MAE of shared jobs 2-3 points. Two jobs whose busy shares
-fit the devices take turns instead where that slows them less (`_pair_inflations`: two
-code-7b jobs were predicted at 22-26% and ran 4-9% slow; crowded-256 under the pack limit MAE
-3.5 -> 1.9 points). Whatever the waits, no set of jobs is predicted to keep its devices busy more
-than all the time (`_conserving`: two jobs busy 75% each run 50% slow or more, short calls
-or not). Out of scope (first order): a slowed co-tenant's calls come less often (it
-over-predicts agent-7b next to slowed code-7b). One combination at a time
-(`plexrl bench cotenancy`: crowded-256's classes alone on one node group), MAE is 6.4 points
-for pairs and 21 for three tenants when only the tenants' residuals are summed, nearly all
-under-predicted (three math-7b: 173% against 191%): that leaves out a third job's call queued
-ahead while a phase waits for a second's. With three or more jobs on the devices the wait
-counts those too (`_inflations`, the arrival theorem): 16 points for three tenants, what is
-left mostly the request priority letting short calls overtake long ones (math-7b next to
-agent-7b: 131% against 165-175%); crowded-256 without the pack limit (`--pack-limit none`,
-three or four jobs per device set) MAE 7.0 points, 3 seeds, with the prediction averaged over
-the job's steps as the realised slowdown is (`Forecast`); 1.9 under it.
+whatever fraction of its devices it shares. The wait falls on whoever arrives second, so a job
+of many short phases (agentic turns) loses more than a fluid split says, and a job of few long
+calls with long idle (code with sandboxes) less. Two jobs whose busy shares fit the devices take
+turns instead where that slows them less (`_pair_inflations`). With three or more jobs on the
+devices a phase also waits for the calls queued ahead of it (`_inflations`, the arrival
+theorem). Whatever the waits, no set of jobs is predicted to keep its devices busy more than all
+the time (`_conserving`: two jobs busy 75% each run 50% slow or more). Out of scope (first
+order): a slowed co-tenant's calls come less often, and the request priority lets short calls
+overtake long ones.
+
 Elastic rollouts (the simulator's PlexRL jobs while they share, `sim/rollout.py`): a rollout
 turn does not wait for a co-tenant's rollout but takes a share of its replicas, so of a
 profile's barriers its rollout turns (`JobProfile.rollout_barriers`) wait only for the rest of
@@ -80,28 +67,20 @@ replicas (`rollout_s`) are slowed by the time they meet the co-tenant's (two ran
 of lengths s_j and s_k in k's period overlap s_j * s_k / P_k on average, and in the overlap the
 two split the replicas, so its decoding there takes twice as long): `wait_s`. A co-tenant's
 call still waits for a rollout's stretch to end (its segment: `residual_s` counts it). A
-profile that names no rollouts (a runtime's measured one, `plexrl-pinned`) is judged as before.
-The pinned model over-predicted such pairs: `plexrl bench cotenancy saturated-1024 --tenants 2`
-agent-30b beside code-30b 70% predicted, 11% realised, now 22%; agent-7b beside math-7b 137%
-and 89% against 86%; MAE of pairs 14.8 -> 5.4 points, of three tenants 29 -> 14 (crowded-256:
-pairs 11.3 -> 8.0, three 15.9 -> 13.4). It under-predicts where a job's turns meet a
-co-tenant's long rollout that their split stretches (agent-7b beside code-7b: 37% against 60%).
-Placement measures feed back (`observe`): a tenant whose measured inflation is known is
+profile that names no rollouts (a runtime's measured one, `plexrl-pinned`) is judged by the
+pinned model above.
+
+Measured inflation feeds back (`observe`): a tenant whose measured inflation is known is
 judged by it plus what the newcomer adds, so a group whose tenants run under their
 predictions may take more, and one with a tenant past its slack takes nobody onto its devices.
+How well the model predicts is what `plexrl bench cotenancy` measures (docs/benchmarks.md).
 
 Pooled devices (ours), `Placer(pooled=True)`: the runtime's group scheduler runs a state on
 whichever device of its group is free, so a job's co-tenants are every job of its group, and
 `pooled_inflation` replaces `wait_inflation`: a phase waits only while the co-tenants' calls
 hold all the group's devices (the chance of that from their demand profiles, independent
 phases), for the first of those calls to end. Two jobs that run one call at a time never wait
-on two devices; a third waits while both others run. `plexrl demo` (three such jobs on two
-devices, profiles measured by the runtime with its waits cut out): predicted 19%/9%/6% against
-18%/15%/14% of the jobs' steps spent waiting for devices (the rest of their slowdown, 15-21
-points, is their calls and controllers running slower on a host whose two cores are the
-devices; measured while the tool job's controller still asked for its tool calls one after
-another, so its devices idled more: with them sent together the three jobs ask for ~2.3 devices
-of 2 and wait 26-49% of their steps, README "Commands"). The per-device search still places the
+on two devices; a third waits while both others run. The per-device search still places the
 job's copies on devices, for memory.
 
 Packing when it pays (ours). A job's slack is what it tolerates, not what the placer should
@@ -115,16 +94,15 @@ min(slack, `pack_limit`) only when it declared its length (`JobProfile.ends`: th
 jobs and a runtime job given its steps) and so did every job it would share devices with. A
 newcomer next to an open-ended tenant (a service session may hold its model for days) is
 judged by its own slack, as is such a tenant, so nobody waits on a job that never leaves.
-Jobs with slack below the limit are unaffected. On crowded-256 (every job's slack 1.0, 3 seeds)
-the limit took mean JCT from 0.954x to 0.874x colocated, makespan from 0.832x to 0.809x and the
-mean slowdown from 51% to 2%, with the co-tenancy MAE from 7.0 to 1.9 points (`plexrl sim
-crowded-256 --pack-limit none` runs without it). `pack_limit=None` judges every job by its own
-slack; the runtime takes it as `ClusterConfig.pack_limit`.
+Jobs with slack below the limit are unaffected. `pack_limit=None` judges every job by its own
+slack; the runtime takes it as `ClusterConfig.pack_limit`, the simulator as the workload's
+`pack_limit` or `--pack-limit`.
 
-Fallback inflation model (ours), for profiles without calls: fluid processor sharing per device. In a slot where a device's demand
-L + d exceeds 1, every busy share on it progresses at 1 / (L + d), so work there stretches by
-the overload. A job's step is as slow as its most contended device (its collectives and the
-end of its rollout wait for every device), so its inflation is the largest over its devices of
+Fallback inflation model (ours), for profiles without calls: fluid processor sharing per
+device. In a slot where a device's demand L + d exceeds 1, every busy share on it progresses at
+1 / (L + d), so work there stretches by the overload. A job's step is as slow as its most
+contended device (its collectives and the end of its rollout wait for every device), so its
+inflation is the largest over its devices of
     sum_i d_i * overload_i  /  sum_i d_i.
 First order: it ignores that a stretched phase moves the job's later phases.
 
@@ -145,16 +123,14 @@ Moving placed jobs (ours), at their step boundaries (nothing of theirs in flight
   newcomer's: sharing devices within every tenant's slack beats leaving a job in the queue).
   The try is exact: release the job, place the newcomer, place the job; both commit, or
   everything is put back. It mends fragments too: departures leave free devices scattered
-  over node groups, none with enough for a waiting job that needs several nodes in one group
-  (on agentic-bursty, moves take the cluster left unheld while jobs wait from 2.7% to 0.1%).
+  over node groups, none with enough for a waiting job that needs several nodes in one group.
 - Spreading out, `spread_out(job, now)`, while no job waits: a job that shares a device moves
   onto devices nobody uses when `place` puts it there (else nothing changes), so sharing lasts
   as long as it lets jobs start and shared jobs run alone, at full speed, when there is room.
 What a move costs the moved job (its host state crossing to its new nodes, its states loaded
 anew, and a phase shift that aligns it with its new co-tenants) is the caller's: the simulator
 pauses the job for it (`sim/plexrl_mode.py`), the runtime migrates it (`runtime/job_placer.py`).
-`plexrl sim W --seeds 3 --modes colocated,plexrl,plexrl-nomove` runs it without moves (README,
-"Moving jobs", has the figures).
+`plexrl sim W --modes colocated,plexrl,plexrl-nomove` compares with and without moves.
 
 `FirstFit` is the baseline: the first group that takes the job (memory and slack), no phase
 shift, devices with the fewest jobs.
@@ -1013,9 +989,9 @@ def _inflations(jobs: tuple[JobProfile, ...], memo: dict) -> list[float]:
     share thinned by how much the others slow it there, 1 / (1 + i_k)) or queued, waiting for
     a device (the share i_k / (1 + i_k) of its slowed step), and then x waits for k's whole call
     too (its mean phase, busy / barriers), first come first served. With one co-tenant this is
-    the first-order wait. `plexrl bench cotenancy` on crowded-256's classes, three on a device:
-    mean error 16 points where the rest alone gave 21 (three math-7b: 179% against 191%,
-    where it gave 173%). More than `_QUEUED_TENANTS` tenants: the first-order wait only.
+    the first-order wait. Without the queued term, three tenants on a device are under-predicted
+    nearly always: a phase waiting for a second job's call also waits for a third's queued ahead.
+    More than `_QUEUED_TENANTS` tenants: the first-order wait only.
 
     `memo` maps the ids of a set's profiles to (the profiles, their inflations): the answer is a
     function of the profiles alone, and the entry keeps them alive, so no id in its key can

@@ -1,4 +1,4 @@
-"""Request priority: which ready request a free device runs next (DESIGN §5).
+"""Request priority: which ready request a free device runs next (docs/design.md §5).
 
 For request i and a device whose arena holds the states `resident`:
     S_i(t) = E_i + 1[switch] * (T_offload + T_load)       effective service time
@@ -53,7 +53,7 @@ _URGENT = 1e12  # added to the priority of a request about to overrun its job's 
 
 
 class StepClock:
-    """One job's slack in its current step, what the slack term of `plexrl` ranks by (DESIGN §5:
+    """One job's slack in its current step, what the slack term of `plexrl` ranks by (docs/design.md §5:
     "the scheduler tracks each job's injected delay against its slack"). A request of the job
     that becomes ready at `t` must start by `deadline(t)` = t + slack * period - delay, where
     `delay` is what the step's earlier calls waited plus the overrun carried in: at each step

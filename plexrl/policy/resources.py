@@ -4,13 +4,13 @@ Topology is frozen data (`Node`, `NodeGroup`); occupancy (host bytes committed p
 per device) lives in numpy arrays inside `ResourceView` so that checking 256 groups is a few
 vector operations.
 
-Memory rule (our design, DESIGN §4): devices of a group are time-shared, and a state is made
+Memory rule (our design, docs/design.md §4): devices of a group are time-shared, and a state is made
 resident only when it runs, evicting others from the arena. So device memory is a per-state
 check: every model of a job must fit one device arena on its own (`JobProfile.device_bytes`
 <= the device's budget). Host memory is what is really committed: each of a job's devices
 gets a copy of its own models' host buffers on that device's node, and the sum committed on a
-node never exceeds the node's host bytes. A shared frozen model (`ModelMemory.shared`, DESIGN
-§6) is one copy per node, committed when the first job naming it lands on the node and freed
+node never exceeds the node's host bytes. A shared frozen model (`ModelMemory.shared`,
+docs/design.md §4) is one copy per node, committed when the first job naming it lands on the node and freed
 when the last one leaves (refcounted). Invariant (tested): `host_used <= host_bytes` on every
 node, always, and a shared copy is counted once per node however many jobs use it.
 

@@ -30,7 +30,7 @@ MiB = 1 << 20
 class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     devices: int = Field(2, ge=1, le=64)
-    policy: str = Field("plexrl", description="scheduling policy: plexrl, fcfs, sjf, hrrn or round_robin")
+    policy: str = Field("plexrl", description="scheduling policy: plexrl, fcfs, sjf or hrrn")
     device_memory_mb: int = Field(256, ge=1)
     host_memory_mb: int = Field(2048, ge=1)
 

@@ -16,12 +16,11 @@ and taking the larger of their peaks beyond the copy's own weights and gradients
 How a peak is measured:
 - CUDA: the caching allocator's peak of reserved memory less what it held before the probe
   (`reset_peak_memory_stats`, `max_memory_reserved`): what the process really took from the device.
-  The probe runs once unmeasured first, each forward_backward from zero gradients. A process's first matmuls create the cuBLAS and cuBLASLt
-  workspaces through the same allocator and keep them for the life of the process (about 64 MiB
-  on an H200 with torch 2.11): measured cold, they were counted as the first model's reserve
-  (71.3 MB for a 2.3 MB model in a fresh process, 6.3 MB in one that had run CUDA work). After
-  the warm-up they are held before the measurement starts, so the reserve is the model's own and
-  the same in every process.
+  The probe runs once unmeasured first, each forward_backward from zero gradients: a process's
+  first matmuls create the cuBLAS and cuBLASLt workspaces through the same allocator and keep them
+  for the life of the process (about 64 MiB on an H200 with torch 2.11), so measured cold they
+  would count as the first model's reserve. After the warm-up they are held before the
+  measurement starts, so the reserve is the model's own and the same in every process.
 - CPU (no allocator statistics): the bytes alive when backward starts — every tensor autograd saved
   (distinct storages; the copy's own weights and gradients excluded) and the model's outputs
   (logits; a KV cache) — plus one gradient the size of the logits, the largest tensor backward

@@ -25,7 +25,7 @@ PRECISIONS = ("auto", "fp32", "bf16")  # runtime/precision.py says what each mea
 @dataclass(frozen=True)
 class ClusterConfig:
     nodes: int = 1  # node groups (one node each)
-    devices_per_node: int = 2
+    devices_per_node: int = 2  # devices on each node (`devices=N` in an engine's arguments: N in all)
     # Per device: everything PlexRL may use there. States get what is left after the activation reserve,
     # the vLLM engines' shares and shared LoRA bases (runtime/state_manager.py).
     device_memory_bytes: int = 256 * MiB
@@ -53,7 +53,7 @@ class ClusterConfig:
     # (runtime/activation.py) on a reference batch of activation_probe_tokens tokens (None: one sequence
     # of the model's positions, at most 4096); an integer is used as it is for every model.
     activation_reserve_bytes: int | None = None
-    activation_probe_tokens: int | None = None
+    activation_probe_tokens: int | None = None  # the reference batch's tokens (above)
     prefetch: bool = True  # load the state a device will likely run next while its current function runs
     # A weights-only model's calls that change nothing (sample, compute_logprobs: a sampler snapshot's,
     # a frozen reference's) run on several devices of its node at once, each on a read-only copy.

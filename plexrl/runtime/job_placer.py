@@ -1,5 +1,5 @@
 """Job placement on the local cluster: the pure Placer and AdmissionQueue, plus what a runtime
-adds — waiting callers, provisional placement, online profiling and re-placement (DESIGN §6).
+adds — waiting callers, provisional placement, online profiling and re-placement (docs/design.md §6).
 
 - A job that brings a `JobProfile` is placed with it (and may wait for room: admission).
 - A job that brings none is admitted *provisionally* when its first model arrives: its demand is

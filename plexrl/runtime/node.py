@@ -1,4 +1,4 @@
-"""One node: its StateManager, its group scheduler, and a dispatcher per device (DESIGN §2, §8).
+"""One node: its StateManager, its group scheduler, and a dispatcher per device (docs/design.md §2, §8).
 
     Node (one per node group; hosted in the driver, in a thread pool, or as a Ray actor)
       ├ StateManager   residency, budgets, host buffers in shared memory, spill files

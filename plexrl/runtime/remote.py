@@ -1,4 +1,4 @@
-"""How runtime pieces reach each other, whatever hosts them (DESIGN §8).
+"""How runtime pieces reach each other, whatever hosts them (docs/design.md §8).
 
 Every handle looks like a Ray actor handle: `handle.method.remote(*args)` returns a reference.
 A reference is a `concurrent.futures.Future` (the local and process engines, engines/hosting.py),

@@ -1,4 +1,4 @@
-"""The group scheduler: one queue for the jobs placed on a worker group (DESIGN §5).
+"""The group scheduler: one queue for the jobs placed on a worker group (docs/design.md §5).
 
 Each model state has a FIFO of requests (calls of one model run in submission order); only its
 head is *ready*. A free device's dispatcher asks `next_for(device)`; the policy picks among the
@@ -268,7 +268,7 @@ class GroupScheduler:
 
     def _plan_prefetch(self, device: int, running: LoadPlan) -> LoadPlan | None:
         """The load of what the policy would pick next for `device`, to run while `running` does
-        (DESIGN §4: prefetch), claimed; None when there is nothing to gain or nothing safe to do.
+        (docs/design.md §4: prefetch), claimed; None when there is nothing to gain or nothing safe to do.
         Not while another device is idle: it would take that request now, and a prefetch claims
         the state until the running function ends."""
         ready = self._queue.ready

@@ -15,7 +15,7 @@ its base weights are a frozen module it shares with every LoRA state of that bas
 The module's parameters (and gradients) are always *views* into whichever copy is authoritative:
 the device arena region while DEVICE-resident, the persistent host buffer otherwise. Moving a
 state is a `copy_` between the two followed by `bind`, which re-points the views — no allocation
-on the switch path (DESIGN §4).
+on the switch path (docs/design.md §4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The StateManager of one node: where every model state lives and how it moves (DESIGN §4).
+"""The StateManager of one node: where every model state lives and how it moves (docs/design.md §4).
 
 Invariants (tests/test_runtime_invariants.py):
 - the bytes resident in a device arena never exceed its budget, and the host buffers of states

@@ -1,6 +1,6 @@
 """A job's demand profile for the placer, computed from the plan of its first step.
 
-The profile is the one a job brings with it (DESIGN §6: "profiled from its first steps or
+The profile is the one a job brings with it (docs/design.md §6: "profiled from its first steps or
 given"): how many of its GPUs are busy over one solo step, with every state resident, in
 `SLOTS` equal slots, the bytes each of its states needs per GPU, and the moments of its calls
 that the placer's co-tenancy model reads (`call_moments`).

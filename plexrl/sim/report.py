@@ -8,7 +8,7 @@ Slowdown is a job's mean step time over its colocated mean step time (queueing e
 A job that never started counts its queueing delay up to the end of the run; a job that did
 not finish counts its completion time (queueing + run) up to the end of the run.
 
-The operator's figures (DESIGN §7): steps completed, mean job completion time, cluster
+The operator's figures (docs/design.md §7): steps completed, mean job completion time, cluster
 GPU-hours per completed step (every GPU of the cluster over the run, busy or not) and
 `capacity_vs_colocated`, steps per cluster GPU-hour relative to colocated's, and the share of
 the cluster no job held while jobs waited for a place (`stranded_gpus`).
