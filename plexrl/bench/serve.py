@@ -338,8 +338,21 @@ def main(argv: list[str]) -> int:
                         "concurrent run; a tenth of it wake-up rounds)")
     parser.add_argument("--budget", type=float, default=10.0, help="seconds any one loop may run")
     parser.add_argument("--quick", action="store_true", help="a few calls per figure (tests)")
+    parser.add_argument("--tenants", type=int, metavar="N",
+                        help="instead: N tenants train at once against a `plexrl serve` process, in rounds, then one "
+                        "abuses its quota (plexrl/bench/serve_load.py)")
+    parser.add_argument("--clients", type=int, default=2, help="with --tenants: training clients per tenant")
+    parser.add_argument("--steps", type=int, default=20, help="with --tenants: steps per training client and round")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.tenants is not None:
+        from plexrl.bench import serve_load
+
+        if args.tenants < 1 or args.clients < 1 or args.steps < 1:
+            parser.error("--tenants, --clients and --steps must be >= 1")
+        result = serve_load.run(args.tenants, args.clients, 2 if args.quick else args.steps, args.budget * 6)
+        emit(f"serve: {args.tenants} tenants at once, then one abusing its quota", result, args.json)
+        return 0
     calls, budget = (20, 2.0) if args.quick else (args.calls, args.budget)
     with world() as w:
         # 4) the reference: the same Server class and client library with nothing behind them
