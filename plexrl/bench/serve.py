@@ -306,6 +306,49 @@ def concurrent_rps(make_calls, clients: int, per_client: int, budget_s: float) -
     return sum(done) / elapsed
 
 
+def process_rps(kind: str, url: str, model: str, clients: int, per_client: int, budget_s: float) -> float:
+    """`concurrent_rps` with each client in a process of its own (`kind`: "sdk" or "echo"), so the
+    clients' own work does not share the server's interpreter, as with real users."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    start, finish, counts = context.Barrier(clients + 1), context.Barrier(clients + 1), context.Queue()
+    processes = [context.Process(target=_client_process, args=(kind, url, model, per_client, budget_s, start, finish,
+                                                               counts), daemon=True) for _ in range(clients)]
+    for process in processes:
+        process.start()
+    elapsed = math.nan
+    with contextlib.suppress(threading.BrokenBarrierError):
+        start.wait(RESULT_S * 4)  # spawned processes import torch and transformers first
+        t0 = time.perf_counter()
+        finish.wait(RESULT_S + budget_s * 2)
+        elapsed = time.perf_counter() - t0
+    done = [counts.get(timeout=RESULT_S) for _ in processes]
+    for process in processes:
+        process.join(RESULT_S)
+    if any(n < 0 for n in done):
+        raise RuntimeError(f"{done.count(-1)} of {clients} client processes failed")
+    return sum(done) / elapsed
+
+
+def _client_process(kind, url, model, per_client, budget_s, start, finish, counts) -> None:
+    made = -1
+    try:
+        with (sdk_call(url, model) if kind == "sdk" else echo_call(url)) as call:
+            call()  # warm
+            start.wait(RESULT_S * 4)
+            made, end = 0, time.perf_counter() + budget_s
+            while made < per_client and time.perf_counter() < end:
+                call()
+                made += 1
+            finish.wait(RESULT_S + budget_s * 2)
+    except BaseException:  # the parent counts it a failure
+        start.abort()
+        finish.abort()
+        made = -1
+    counts.put(made)
+
+
 @contextlib.contextmanager
 def echo_call(url: str):
     with httpx.Client(base_url=url, timeout=RESULT_S) as http:
@@ -368,6 +411,9 @@ def main(argv: list[str]) -> int:
         # 2) wake-up of a held poll; 3) eight clients at once
         wakeup = wakeup_ms(w, max(5, calls // 10), budget)
         sdk_rps = concurrent_rps(lambda: sdk_call(w.url, w.model), CLIENTS, max(1, calls // CLIENTS), budget)
+        if not args.quick:  # spawning clients costs seconds each (they import torch)
+            echo_rps_processes = process_rps("echo", w.echo_url, w.model, CLIENTS, max(1, calls // CLIENTS), budget)
+            sdk_rps_processes = process_rps("sdk", w.url, w.model, CLIENTS, max(1, calls // CLIENTS), budget)
     echo_ms = statistics.fmean(echo)
     added = statistics.fmean(sdk) - statistics.fmean(inprocess)
     protocol = statistics.fmean(raw) - statistics.fmean(inprocess)
@@ -390,5 +436,8 @@ def main(argv: list[str]) -> int:
         **summary("echo", echo),
         "echo_rps_8_clients": echo_rps,
     }
+    if not args.quick:
+        result.update(sdk_rps_8_client_processes=sdk_rps_processes, echo_rps_8_client_processes=echo_rps_processes,
+                      sdk_rps_processes_ratio_to_echo=sdk_rps_processes / echo_rps_processes)
     emit("serve: what the HTTP API adds to a call, against a bare FastAPI echo", result, args.json)
     return 0
