@@ -50,7 +50,7 @@ from tinker.proto import request_conv  # noqa: E402
 
 from plexrl.api.types import Datum, ModelInput  # noqa: E402
 from plexrl.bench.common import emit, percentile  # noqa: E402
-from plexrl.engines.local import LocalCluster  # noqa: E402
+from plexrl import engines  # noqa: E402
 from plexrl.models.tiny import make_tiny_model  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
 from plexrl.serve.server import Server  # noqa: E402
@@ -108,10 +108,11 @@ class World:
 
 
 @contextlib.contextmanager
-def world():
+def world(engine: str = "local"):
     with tempfile.TemporaryDirectory() as root, contextlib.ExitStack() as stack:
         folder = str(make_tiny_model(f"{root}/micro", seed=0, hidden_size=16, num_layers=1, num_heads=2))
-        cluster = stack.enter_context(LocalCluster(devices=1, checkpoint_dir=f"{root}/scratch"))
+        stack.enter_context(engines.session(engine, 1))
+        cluster = stack.enter_context(engines.open_cluster(engine, 1, checkpoint_dir=f"{root}/scratch"))
         store = Store(f"{root}/state")
         stack.callback(store.close)
         service = Service(cluster, store, {"micro": folder}, Tenants())
@@ -381,6 +382,9 @@ def main(argv: list[str]) -> int:
                         "concurrent run; a tenth of it wake-up rounds)")
     parser.add_argument("--budget", type=float, default=10.0, help="seconds any one loop may run")
     parser.add_argument("--quick", action="store_true", help="a few calls per figure (tests)")
+    parser.add_argument("--engine", default="process", choices=list(engines.ENGINES),
+                        help="the cluster's engine, as `plexrl serve --engine` (its default: process, the device's "
+                        "work in a process of its own; local: on a thread of the server's process)")
     parser.add_argument("--tenants", type=int, metavar="N",
                         help="instead: N tenants train at once against a `plexrl serve` process, in rounds, then one "
                         "abuses its quota (plexrl/bench/serve_load.py)")
@@ -393,11 +397,12 @@ def main(argv: list[str]) -> int:
 
         if args.tenants < 1 or args.clients < 1 or args.steps < 1:
             parser.error("--tenants, --clients and --steps must be >= 1")
-        result = serve_load.run(args.tenants, args.clients, 2 if args.quick else args.steps, args.budget * 6)
+        result = serve_load.run(args.tenants, args.clients, 2 if args.quick else args.steps, args.budget * 6,
+                                engine=args.engine)
         emit(f"serve: {args.tenants} tenants at once, then one abusing its quota", result, args.json)
         return 0
     calls, budget = (20, 2.0) if args.quick else (args.calls, args.budget)
-    with world() as w:
+    with world(args.engine) as w:
         # 4) the reference: the same Server class and client library with nothing behind them
         with echo_call(w.echo_url) as call:
             echo = sequential_ms(call, calls, budget)
@@ -419,6 +424,7 @@ def main(argv: list[str]) -> int:
     protocol = statistics.fmean(raw) - statistics.fmean(inprocess)
     result = {
         "call": f"forward, 1 datum of {len(TOKENS) - 1} tokens, micro model",
+        "engine": args.engine,
         "calls": len(sdk),
         **summary("inprocess", inprocess), **summary("sdk", sdk), **summary("raw_http", raw),
         "added_ms": added,

@@ -72,11 +72,11 @@ class ServerProcess:
 
 
 def start_server(state_dir: Path, models: dict[str, str], keys: dict[str, str] | None = None,
-                 extra: tuple[str, ...] = (), timeout_s: float = 120.0) -> ServerProcess:
-    """`plexrl serve` (local engine, one device) on a free loopback port, with a key file of
-    `keys` (tenant -> key) or none; returns once it prints its URL."""
+                 engine: str = "local", extra: tuple[str, ...] = (), timeout_s: float = 120.0) -> ServerProcess:
+    """`plexrl serve` (one device) on a free loopback port, with a key file of `keys` (tenant ->
+    key) or none; returns once it prints its URL."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "plexrl.cli", "serve", "--engine", "local", "--devices", "1", "--port", "0",
+    command = [sys.executable, "-m", "plexrl.cli", "serve", "--engine", engine, "--devices", "1", "--port", "0",
                "--state-dir", str(state_dir), *extra]
     for name, folder in models.items():
         command += ["--model", f"{name}={folder}"]
@@ -298,15 +298,17 @@ def summary(latencies: Latencies) -> dict[str, float]:
     return out
 
 
-def run(tenants: int, clients: int, steps: int, budget_s: float, abuse_rounds: bool = True) -> dict:
+def run(tenants: int, clients: int, steps: int, budget_s: float, abuse_rounds: bool = True,
+        engine: str = "process") -> dict:
     from plexrl.models.tiny import make_tiny_model
 
     keys = keys_for(tenants)
     with tempfile.TemporaryDirectory() as root:
         folder = str(make_tiny_model(f"{root}/models/a/micro", seed=0, hidden_size=16, num_layers=1, num_heads=2))
-        server = start_server(Path(root) / "state", {"micro": folder}, keys)
+        server = start_server(Path(root) / "state", {"micro": folder}, keys, engine)
         try:
-            result: dict = {"tenants": tenants, "clients_per_tenant": clients, "steps_per_client": steps}
+            result: dict = {"tenants": tenants, "clients_per_tenant": clients, "steps_per_client": steps,
+                            "engine": engine}
             rounds = []
             for number in (1, 2):
                 latencies, made = train_all(server.url, list(keys.values()), "micro", clients, steps, budget_s)
