@@ -21,7 +21,12 @@ Invariants:
   future, run or checkpoint is `NotFound`, exactly as one that does not exist;
 - sampling without a seed draws from a seed derived from the request's numbers (sampling
   session, seq_id), never from arrival order: a run repeated with the same seeds samples the
-  same tokens whatever else the server runs.
+  same tokens whatever else the server runs;
+- what a tenant holds is bounded (`Limits`): requests queued and their payload bytes, request
+  records kept (refusals included), open sessions; past a bound a request is refused (429), and
+  a refusal's message is cut short, never echoing a large value;
+- session ids come from a counter in the state directory, so they are unique across restarts
+  and across servers sharing it; a run record is never overwritten.
 """
 
 from __future__ import annotations
