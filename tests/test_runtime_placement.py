@@ -52,7 +52,11 @@ def test_complementary_jobs_share_a_group_with_disjoint_busy_slots(tiny_model):
         b.close()
 
 
-def test_a_job_that_does_not_fit_waits_until_another_finishes(tiny_model):
+def test_a_job_that_does_not_fit_waits_until_another_finishes(tiny_model, monkeypatch, caplog):
+    from plexrl.runtime import job_placer
+
+    monkeypatch.setattr(job_placer, "WAIT_LOG_S", 0.1)  # a wait says what it waits for, every WAIT_LOG_S
+    caplog.set_level("INFO", logger="plexrl.runtime")
     nbytes = state_bytes(tiny_model)
     with plexrl.LocalCluster(nodes=1, devices_per_node=2, device_memory_bytes=2 * nbytes + reserve_bytes(tiny_model),
                              host_memory_bytes=nbytes + nbytes // 2) as c:
@@ -72,7 +76,10 @@ def test_a_job_that_does_not_fit_waits_until_another_finishes(tiny_model):
         while "second" not in c.metrics()["admission"] and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.3)
-        assert "loss" not in admitted and c.metrics()["admission"]["second"]["waiting_reason"]
+        reason = c.metrics()["admission"]["second"]["waiting_reason"]
+        assert "loss" not in admitted and reason
+        said = [r.getMessage() for r in caplog.records if "'second' has waited" in r.getMessage()]
+        assert said and reason in said[-1], said
         first.close()
         waiter.join(timeout=60)
         assert admitted["loss"] > 0

@@ -26,6 +26,7 @@ adds — waiting callers, provisional placement, online profiling and re-placeme
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass, field, replace
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
     from plexrl.runtime.router import Router
     from plexrl.runtime.telemetry import Telemetry
 
+log = logging.getLogger("plexrl.runtime")
+
+WAIT_LOG_S = 30.0  # a wait for admission is logged this often, with its reason
 PROVISIONAL_PERIOD_S = 1.0
 
 
@@ -109,21 +113,8 @@ class JobPlacer:
             record = JobRecord(profile, slack, ends, provisional=provisional, guessed=provisional)
             self.jobs[profile.job] = record
             decision = self.queue.submit(profile, now())
-            deadline = None if timeout is None else now() + timeout
-            while isinstance(decision, Wait):
-                record.reason = decision.reason
-                left = None if deadline is None else deadline - now()
-                if left is not None and left <= 0:
-                    self.queue.cancel(profile.job)
-                    del self.jobs[profile.job]
-                    self._cond.notify_all()  # models that joined its wait stop waiting too
-                    raise errors.AdmissionTimeout(
-                        f"job {profile.job!r} waited {timeout} s for room and was not admitted: {decision.reason}")
-                self._cond.wait(left)  # woken when a job finishes and the queue retried
-                if profile.job in self.queue.admitted:
-                    decision = self.queue.admitted[profile.job].placement
-                else:
-                    decision = Wait(next(w.reason for w in self.queue.waiting if w.profile.job == profile.job))
+            if isinstance(decision, Wait):
+                decision = self._await_admission(profile.job, now, timeout, record)
             record.placement = decision
             record.history.append(decision.group)
             if not provisional:
@@ -133,24 +124,42 @@ class JobPlacer:
 
     def _join(self, job: str, now, timeout: float | None) -> Placement:
         """A second model of a job that waits for admission waits with it (the job is placed once,
-        with the profile it waits with): its placement once admitted, or AdmissionTimeout. Call
-        with the condition held."""
-        deadline = None if timeout is None else now() + timeout
+        with the profile it waits with). Call with the condition held."""
+        return self._await_admission(job, now, timeout, None)
+
+    def _await_admission(self, job: str, now, timeout: float | None, first: JobRecord | None) -> Placement:
+        """Wait while `job` is in the admission queue: its placement once admitted, else
+        AdmissionTimeout past `timeout` (the job's first waiter, `first`, then withdraws it, and
+        models that joined its wait stop too) or once it left the queue unadmitted (finished).
+        Every WAIT_LOG_S the wait is logged with what it waits for and since when. Call with the
+        condition held."""
+        since = now()
+        deadline = None if timeout is None else since + timeout
+        logged = since
         while True:
             record = self.jobs.get(job)
-            if record is not None and record.placement is not None:
+            if first is None and record is not None and record.placement is not None:
                 return record.placement
             waiting = next((w for w in self.queue.waiting if w.profile.job == job), None)
-            if waiting is None and job in self.queue.admitted and record is not None:
-                return self.queue.admitted[job].placement  # admitted; its first waiter sets the record next
             if waiting is None:
-                raise errors.AdmissionTimeout(f"job {job!r} stopped waiting for room (its first model's admission "
-                                              "timed out or the job finished) before this model was admitted")
+                if job in self.queue.admitted and record is not None:
+                    return self.queue.admitted[job].placement
+                raise errors.AdmissionTimeout(f"job {job!r} stopped waiting for room before it was admitted (it "
+                                              "finished, or the wait of another of its models timed out)")
+            if first is not None:
+                first.reason = waiting.reason
             left = None if deadline is None else deadline - now()
             if left is not None and left <= 0:
-                raise errors.AdmissionTimeout(
-                    f"job {job!r} waited {timeout} s for room and was not admitted: {waiting.reason}")
-            self._cond.wait(left)
+                if first is not None:
+                    self.queue.cancel(job)
+                    del self.jobs[job]
+                    self._cond.notify_all()
+                raise errors.AdmissionTimeout(f"job {job!r} waited {timeout} s for room and was not admitted: "
+                                              f"{waiting.reason}")
+            self._cond.wait(WAIT_LOG_S if left is None else min(left, WAIT_LOG_S))  # woken when the queue retried
+            if now() - logged >= WAIT_LOG_S:
+                logged = now()
+                log.info("job %r has waited %.0f s for room on the cluster: %s", job, logged - since, waiting.reason)
 
     def _check_ever_fits(self, profile: JobProfile) -> None:
         """Waiting only makes sense for room that other jobs hold, not for a cluster too small."""
