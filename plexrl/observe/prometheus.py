@@ -139,7 +139,8 @@ def _jobs(m: dict, tenants: dict[str, str] | None) -> Iterable[Metric]:
     yield from counters.values()
     yield from gauges.values()
     if tenants is not None:
-        info = GaugeMetricFamily("plexrl_job_info", "1 for each job, labelled with its tenant", labels=["job", "tenant"])
+        info = GaugeMetricFamily("plexrl_job_info", "1 for each job, labelled with its tenant",
+                                 labels=["job", "tenant"])
         for job, tenant in sorted(tenants.items()):
             info.add_metric([job, tenant], 1)
         yield info

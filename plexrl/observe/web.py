@@ -56,12 +56,12 @@ def window_of(request: Request) -> float:
     return value
 
 
-def mount(app: FastAPI, metrics: Callable[[], dict], data: Callable[[float], dict],
+def mount(app: FastAPI, metrics: Callable[[], dict] | None, data: Callable[[float], dict],
           authorize: Callable[[str | None], None] = lambda key: None,
           tenants: Callable[[], dict[str, str]] | None = None) -> None:
-    """Add the routes to `app`. `metrics`: the cluster's metrics(); `data(window_s)`: the
-    dashboard's document; `authorize(key)` raises `Refused` for a key that may not read."""
-    scrape = exposition(metrics, tenants)
+    """Add the routes to `app`. `metrics`: the cluster's metrics() (None: no /metrics); `data(window_s)`:
+    the dashboard's document; `authorize(key)` raises `Refused` for a key that may not read."""
+    scrape = exposition(metrics, tenants) if metrics is not None else None
 
     async def guarded(request: Request, work: Callable[[], object]):
         try:
@@ -70,10 +70,11 @@ def mount(app: FastAPI, metrics: Callable[[], dict], data: Callable[[float], dic
         except Refused as exc:
             return JSONResponse({"detail": exc.message, "error": exc.message}, status_code=exc.status)
 
-    @app.get("/metrics")
-    async def prometheus(request: Request):
-        body = await guarded(request, scrape)
-        return body if isinstance(body, Response) else Response(body, media_type=CONTENT_TYPE)
+    if scrape is not None:
+        @app.get("/metrics")
+        async def prometheus(request: Request):
+            body = await guarded(request, scrape)
+            return body if isinstance(body, Response) else Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/dashboard")
     async def page():

@@ -91,7 +91,8 @@ class Activity:
             seen[1] = max(seen[1], r["t"])
         if arrived is not None:
             self._queued.get(arrived[1], set()).discard(rid)
-            self._hist("request_latency_s", r.get("node", arrived[1]), r["job"], None).observe(max(0.0, r["t"] - arrived[0]))
+            latency = max(0.0, r["t"] - arrived[0])
+            self._hist("request_latency_s", r.get("node", arrived[1]), r["job"], None).observe(latency)
         started = self._starts.pop(rid, None)
         device = r.get("device")
         if started is not None and device is not None:
