@@ -139,3 +139,44 @@ def test_the_dashboard_from_the_log_matches_the_clusters_metrics(run):
     assert [j["states"] for j in offline["jobs"]] == [j["states"] for j in online["jobs"]]
     assert offline["devices"][0]["spans"] == online["devices"][0]["spans"] or \
         sorted(map(tuple, offline["devices"][0]["spans"])) == sorted(map(tuple, online["devices"][0]["spans"]))
+
+
+def test_metrics_port_serves_metrics_and_dashboard_of_a_running_cluster(tiny_model):
+    """What `plexrl run/demo --metrics-port` serves, on a cluster at work (no keys: loopback only)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from plexrl.observe.web import watched
+
+    with plexrl.LocalCluster(devices=1) as cluster, watched(cluster, 0) as server:
+        rl_job(cluster, "job-a", tiny_model, seed=1, steps=1)
+        with httpx.Client(base_url=server.url, timeout=30) as h:
+            text = h.get("/metrics").text
+            doc = h.get("/dashboard/data", params={"window": 600}).json()
+            assert h.get("/dashboard").status_code == 200
+        m = cluster.metrics()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in text_string_to_metric_families(text) for s in f.samples}
+    assert got[("plexrl_job_consumed_device_seconds_total", (("job", "job-a"), ("node", "0")))] == \
+        m["jobs"]["job-a"]["consumed_device_s"]
+    assert [j["job"] for j in doc["jobs"]] == ["job-a"]
+    assert {s[2] for s in doc["devices"][0]["spans"]} == {"job-a"}
+
+
+def test_dashboard_command_serves_a_log(run, tmp_path):
+    """`plexrl dashboard --events FILE`: the page's data is `from_events` of the file, followed as it grows."""
+    from fastapi.testclient import TestClient
+
+    from plexrl.observe.cli import build_app, parse
+
+    log = tmp_path / "events.jsonl"
+    lines = run["log"].read_text().splitlines(keepends=True)
+    log.write_text("".join(lines[: len(lines) // 2]))
+    with TestClient(build_app(parse(["--events", str(log)]))) as h:
+        first = h.get("/dashboard/data", params={"window": 3600}).json()
+        with log.open("a") as f:
+            f.write("".join(lines[len(lines) // 2:]))
+        whole = h.get("/dashboard/data", params={"window": 3600}).json()
+        assert h.get("/metrics").status_code == 404  # a log has no live counters to scrape
+    assert first["now"] < whole["now"]
+    assert whole == json.loads(json.dumps(dashboard.from_events(run["events"], 3600.0)))

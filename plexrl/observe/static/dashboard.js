@@ -34,7 +34,7 @@ function el(tag, attrs = {}, text) {
 function drawLanes(doc) {
   const box = document.getElementById("lanes");
   box.replaceChildren();
-  const t1 = doc.now, t0 = doc.now - doc.window_s;
+  const t1 = doc.now, t0 = Math.max(0, doc.now - doc.window_s); // times count from the cluster's start
   const jobs = new Set();
   for (const d of doc.devices) {
     const lane = el("div", { class: "lane", "data-device": d.device });
@@ -76,7 +76,7 @@ function drawLanes(doc) {
     s.append(el("i", { style: `background:${cls === "switch" ? "#111" : "#888"}` }), document.createTextNode(name));
     legend.append(s);
   }
-  document.getElementById("window").textContent = `last ${fmt(doc.window_s, 0)} s`;
+  document.getElementById("window").textContent = `last ${fmt(t1 - t0, 0)} s`;
 }
 
 function drawQueues(doc) {
