@@ -55,7 +55,7 @@ HISTOGRAMS = {
     "queueing_delay_s": ("queueing_delay_seconds", "a request's wait in its group queue, arrival to dispatch",
                          ("node", "job")),
     "request_latency_s": ("request_latency_seconds", "a request's time from arrival to end", ("node", "job")),
-    "switch_s": ("switch_seconds", "a device-side transition (load or offload) of a switch", ("node", "device", "job")),
+    "switch_s": ("switch_seconds", "a device-side transition (load or offload) of a switch", ("node", "device")),
 }
 PLACEMENT_GAUGES = {
     "slack": ("job_slack_ratio", "a job's slack: the step slowdown it accepts"),
@@ -164,7 +164,7 @@ def _histograms(records: list[dict]) -> Iterable[Metric]:
     for key, (name, text, labels) in HISTOGRAMS.items():
         by_name[key] = HistogramMetricFamily(f"plexrl_{name}", text, labels=list(labels))
     bounds = [f"{b:g}" for b in BUCKETS_S] + ["+Inf"]
-    for r in sorted(records, key=lambda r: (r["name"], str(r["node"]), r["job"], str(r["device"]))):
+    for r in sorted(records, key=lambda r: (r["name"], str(r["node"]), str(r["job"]), str(r["device"]))):
         name, text, labels = HISTOGRAMS[r["name"]]
         values = {"node": "" if r["node"] is None else str(r["node"]), "job": r["job"],
                   "device": "" if r["device"] is None else str(r["device"])}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -131,9 +132,7 @@ def serve_cluster(cluster, port: int, host: str = "127.0.0.1"):
     on `port` (0: a free one); stop it with `.stop()`."""
     from plexrl.serve.server import Server
 
-    server = Server(observability_app(cluster), host, port).start()
-    print(f"plexrl: metrics on {server.url}/metrics, dashboard on {server.url}/dashboard", flush=True)
-    return server
+    return Server(observability_app(cluster), host, port).start()
 
 
 def add_metrics_port(parser) -> None:
@@ -150,6 +149,7 @@ def watched(cluster, port: int | None):
         yield None
         return
     server = serve_cluster(cluster, port)
+    print(f"plexrl: metrics on {server.url}/metrics, dashboard on {server.url}/dashboard", file=sys.stderr, flush=True)
     try:
         yield server
     finally:

@@ -3,9 +3,10 @@
 `EventLog.emit` hands every record to its `Activity`, which keeps, in memory bounded by the number
 of requests in flight and by `LANE_KEPT` spans a device:
 - three histograms (fixed buckets, `BUCKETS_S`), each a cumulative count that never decreases:
-  a request's queueing delay (arrival to its dispatch, or to its start for a node call), a
-  request's latency (arrival to end, failed ones included), and the time of each device-side
-  switch transition (load or offload), labelled by node, job and (switches) device;
+  a request's queueing delay (arrival to its dispatch, or to its start for a node call) and its
+  latency (arrival to end, failed ones included), by node and job; the time of each device-side
+  switch transition (load or offload), by node and device (a job's switch time is its
+  `switch_s`: jobs times devices would be too many series for a scrape every second);
 - the requests queued on each node group right now (arrived, not dispatched, started or ended);
 - per device its recent spans: each function call (start to end) and each load or offload,
   prefetched loads marked as such. A record that reaches the log late (a transition is logged
@@ -99,7 +100,7 @@ class Activity:
             self._span(device, r.get("node"), (started[0], r["t"], started[1], started[2], "call"))
 
     def _switched(self, r: dict) -> None:
-        self._hist("switch_s", r.get("node"), r["job"], r["device"]).observe(r["seconds"])
+        self._hist("switch_s", r.get("node"), None, r["device"]).observe(r["seconds"])  # per device, not per job
         kind = "prefetch" if "hidden_s" in r else "switch"
         self._span(r["device"], r.get("node"), (r["t"], r["t"] + r["seconds"], r["job"], r["kind"], kind))
 
