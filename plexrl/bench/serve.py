@@ -50,7 +50,7 @@ from tinker.proto import request_conv  # noqa: E402
 
 from plexrl.api.types import Datum, ModelInput  # noqa: E402
 from plexrl.bench.common import emit, percentile  # noqa: E402
-from plexrl.engines.local import LocalCluster  # noqa: E402
+from plexrl import engines  # noqa: E402
 from plexrl.models.tiny import make_tiny_model  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
 from plexrl.serve.server import Server  # noqa: E402
@@ -108,10 +108,11 @@ class World:
 
 
 @contextlib.contextmanager
-def world():
+def world(engine: str = "local"):
     with tempfile.TemporaryDirectory() as root, contextlib.ExitStack() as stack:
         folder = str(make_tiny_model(f"{root}/micro", seed=0, hidden_size=16, num_layers=1, num_heads=2))
-        cluster = stack.enter_context(LocalCluster(devices=1, checkpoint_dir=f"{root}/scratch"))
+        stack.enter_context(engines.session(engine, 1))
+        cluster = stack.enter_context(engines.open_cluster(engine, 1, checkpoint_dir=f"{root}/scratch"))
         store = Store(f"{root}/state")
         stack.callback(store.close)
         service = Service(cluster, store, {"micro": folder}, Tenants())
@@ -306,6 +307,49 @@ def concurrent_rps(make_calls, clients: int, per_client: int, budget_s: float) -
     return sum(done) / elapsed
 
 
+def process_rps(kind: str, url: str, model: str, clients: int, per_client: int, budget_s: float) -> float:
+    """`concurrent_rps` with each client in a process of its own (`kind`: "sdk" or "echo"), so the
+    clients' own work does not share the server's interpreter, as with real users."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    start, finish, counts = context.Barrier(clients + 1), context.Barrier(clients + 1), context.Queue()
+    processes = [context.Process(target=_client_process, args=(kind, url, model, per_client, budget_s, start, finish,
+                                                               counts), daemon=True) for _ in range(clients)]
+    for process in processes:
+        process.start()
+    elapsed = math.nan
+    with contextlib.suppress(threading.BrokenBarrierError):
+        start.wait(RESULT_S * 4)  # spawned processes import torch and transformers first
+        t0 = time.perf_counter()
+        finish.wait(RESULT_S + budget_s * 2)
+        elapsed = time.perf_counter() - t0
+    done = [counts.get(timeout=RESULT_S) for _ in processes]
+    for process in processes:
+        process.join(RESULT_S)
+    if any(n < 0 for n in done):
+        raise RuntimeError(f"{done.count(-1)} of {clients} client processes failed")
+    return sum(done) / elapsed
+
+
+def _client_process(kind, url, model, per_client, budget_s, start, finish, counts) -> None:
+    made = -1
+    try:
+        with (sdk_call(url, model) if kind == "sdk" else echo_call(url)) as call:
+            call()  # warm
+            start.wait(RESULT_S * 4)
+            made, end = 0, time.perf_counter() + budget_s
+            while made < per_client and time.perf_counter() < end:
+                call()
+                made += 1
+            finish.wait(RESULT_S + budget_s * 2)
+    except BaseException:  # the parent counts it a failure
+        start.abort()
+        finish.abort()
+        made = -1
+    counts.put(made)
+
+
 @contextlib.contextmanager
 def echo_call(url: str):
     with httpx.Client(base_url=url, timeout=RESULT_S) as http:
@@ -338,10 +382,27 @@ def main(argv: list[str]) -> int:
                         "concurrent run; a tenth of it wake-up rounds)")
     parser.add_argument("--budget", type=float, default=10.0, help="seconds any one loop may run")
     parser.add_argument("--quick", action="store_true", help="a few calls per figure (tests)")
+    parser.add_argument("--engine", default="process", choices=list(engines.ENGINES),
+                        help="the cluster's engine, as `plexrl serve --engine` (its default: process, the device's "
+                        "work in a process of its own; local: on a thread of the server's process)")
+    parser.add_argument("--tenants", type=int, metavar="N",
+                        help="instead: N tenants train at once against a `plexrl serve` process, in rounds, then one "
+                        "abuses its quota (plexrl/bench/serve_load.py)")
+    parser.add_argument("--clients", type=int, default=2, help="with --tenants: training clients per tenant")
+    parser.add_argument("--steps", type=int, default=20, help="with --tenants: steps per training client and round")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.tenants is not None:
+        from plexrl.bench import serve_load
+
+        if args.tenants < 1 or args.clients < 1 or args.steps < 1:
+            parser.error("--tenants, --clients and --steps must be >= 1")
+        result = serve_load.run(args.tenants, args.clients, 2 if args.quick else args.steps, args.budget * 6,
+                                engine=args.engine)
+        emit(f"serve: {args.tenants} tenants at once, then one abusing its quota", result, args.json)
+        return 0
     calls, budget = (20, 2.0) if args.quick else (args.calls, args.budget)
-    with world() as w:
+    with world(args.engine) as w:
         # 4) the reference: the same Server class and client library with nothing behind them
         with echo_call(w.echo_url) as call:
             echo = sequential_ms(call, calls, budget)
@@ -355,11 +416,15 @@ def main(argv: list[str]) -> int:
         # 2) wake-up of a held poll; 3) eight clients at once
         wakeup = wakeup_ms(w, max(5, calls // 10), budget)
         sdk_rps = concurrent_rps(lambda: sdk_call(w.url, w.model), CLIENTS, max(1, calls // CLIENTS), budget)
+        if not args.quick:  # spawning clients costs seconds each (they import torch)
+            echo_rps_processes = process_rps("echo", w.echo_url, w.model, CLIENTS, max(1, calls // CLIENTS), budget)
+            sdk_rps_processes = process_rps("sdk", w.url, w.model, CLIENTS, max(1, calls // CLIENTS), budget)
     echo_ms = statistics.fmean(echo)
     added = statistics.fmean(sdk) - statistics.fmean(inprocess)
     protocol = statistics.fmean(raw) - statistics.fmean(inprocess)
     result = {
         "call": f"forward, 1 datum of {len(TOKENS) - 1} tokens, micro model",
+        "engine": args.engine,
         "calls": len(sdk),
         **summary("inprocess", inprocess), **summary("sdk", sdk), **summary("raw_http", raw),
         "added_ms": added,
@@ -377,5 +442,8 @@ def main(argv: list[str]) -> int:
         **summary("echo", echo),
         "echo_rps_8_clients": echo_rps,
     }
+    if not args.quick:
+        result.update(sdk_rps_8_client_processes=sdk_rps_processes, echo_rps_8_client_processes=echo_rps_processes,
+                      sdk_rps_processes_ratio_to_echo=sdk_rps_processes / echo_rps_processes)
     emit("serve: what the HTTP API adds to a call, against a bare FastAPI echo", result, args.json)
     return 0

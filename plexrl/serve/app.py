@@ -59,7 +59,7 @@ def create_app(service: Service) -> FastAPI:
                   default_response_class=JSON)
     app.state.service = service
     limits: EdgeLimits = service.edge
-    pool = TenantPool(limits.workers, limits.tenant_share)
+    pool = TenantPool(limits.workers, limits.tenant_share, limits.tenant_cpu)
     service.on_close(pool.close)
 
     @app.exception_handler(ServeError)

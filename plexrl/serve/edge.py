@@ -15,6 +15,14 @@ thread pool, at most `tenant_share` of its `workers` threads for one tenant at a
 tenant that sends expensive bodies waits for its own threads while the event loop and the other
 tenants' threads go on. The loop itself only reads bytes and resolves the tenant.
 
+Threads share one interpreter, and decoding a large body holds it (the JSON and protobuf decoders
+are C code that never lets go): a tenant's share of threads alone does not keep its parsing from
+stalling everyone. So each tenant also has a budget of the pool's CPU time (`tenant_cpu`, CPU
+seconds per second, refilled continuously up to one second's worth): what its requests spent on
+their threads is charged to it, and while it is in debt its next request waits on the loop (not
+on a thread) until the debt is paid. A tenant whose requests are the SDK's few hundred bytes never
+gets near it; one that sends bodies at the limits gets through about `tenant_cpu` of a core.
+
 Pure apart from the pool: the checks take bytes and limits and return values or raise BadRequest.
 """
 
@@ -24,6 +32,7 @@ import asyncio
 import concurrent.futures
 import json
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -44,14 +53,17 @@ class EdgeLimits:
     max_request_values: int = 1 << 22  # tokens + tensor values in one forward_backward (3x the SDK's 5 MB chunk)
     workers: int = 8  # threads that parse and handle requests
     tenant_share: int = 4  # of them, how many one tenant's requests may hold at once
+    tenant_cpu: float = 0.2  # CPU seconds a second one tenant's requests may spend on them, on average
 
     def validate(self) -> None:
         from plexrl.api import errors
 
-        bad = [f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__
-               if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1)]
+        bad = [f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__ if name != "tenant_cpu"
+               and not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1)]
+        if not (isinstance(self.tenant_cpu, (int, float)) and self.tenant_cpu > 0):
+            bad.append(f"tenant_cpu={self.tenant_cpu!r}")
         if bad:
-            raise errors.ConfigError(f"edge limits {', '.join(bad)}; expected integers >= 1")
+            raise errors.ConfigError(f"edge limits {', '.join(bad)}; expected integers >= 1 (tenant_cpu: a number > 0)")
         if self.tenant_share > self.workers:
             raise errors.ConfigError(f"tenant_share={self.tenant_share} is more than workers={self.workers}; "
                                      "expected a share of the workers")
@@ -108,7 +120,13 @@ def check_json(value: Any, limits: EdgeLimits, what: str = "request body") -> No
         elif isinstance(node, list):
             if depth > limits.max_json_depth:
                 raise EdgeError(f"{what} nests deeper than {limits.max_json_depth} levels at {path}")
-            stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(node))
+            if items + len(node) > limits.max_json_items:
+                raise EdgeError(f"{what} holds more than {limits.max_json_items:,} values; expected at most that many",
+                                413)
+            if _numbers_within(node, path, what):  # a list of numbers (tokens): checked at C speed
+                items += len(node)
+            else:
+                stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(node))
         elif isinstance(node, str):
             _check_string(node, path, limits, what)
         elif isinstance(node, bool) or node is None:
@@ -119,6 +137,24 @@ def check_json(value: Any, limits: EdgeLimits, what: str = "request body") -> No
                                 "that fits 64 bits")
         elif isinstance(node, float) and not math.isfinite(node):
             raise EdgeError(f"{what}: {path}={node}; expected a finite number")
+
+
+def _numbers_within(values: list, path: str, what: str) -> bool:
+    """Whether `values` is a non-empty list of numbers only (EdgeError if one is past int64 or not
+    finite), found with min and max in C; False for anything else, which is walked one by one."""
+    if not values or not all(map(_NUMBER_TYPES.__contains__, map(type, values))):
+        return False
+    low, high = min(values), max(values)
+    for extreme in (low, high):
+        if isinstance(extreme, float) and not math.isfinite(extreme):
+            raise EdgeError(f"{what}: {path} holds {extreme}; expected finite numbers")
+        if isinstance(extreme, int) and not INT64[0] <= extreme <= INT64[1]:
+            raise EdgeError(f"{what}: {path} holds an integer of {len(str(abs(extreme)))} digits; expected ones "
+                            "that fit 64 bits")
+    return True
+
+
+_NUMBER_TYPES = frozenset((int, float))  # bool is a type of its own: never a number here
 
 
 def _check_string(text: str, path: str, limits: EdgeLimits, what: str) -> None:
@@ -144,21 +180,65 @@ def _short(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------------------- the pool
 
+class CpuBudget:
+    """A tenant's budget of CPU seconds: refilled at `rate` a second up to `rate` (one second's
+    worth), charged with what its requests spent; `wait_s` is how long it is in debt."""
+
+    def __init__(self, rate: float, now: float):
+        self.rate = rate
+        self.balance = rate
+        self._at = now
+
+    def _refill(self, now: float) -> None:
+        self.balance = min(self.rate, self.balance + (now - self._at) * self.rate)
+        self._at = now
+
+    def wait_s(self, now: float) -> float:
+        self._refill(now)
+        return max(0.0, -self.balance / self.rate)
+
+    def charge(self, cpu_s: float, now: float) -> None:
+        self._refill(now)
+        self.balance -= cpu_s
+
+
 class TenantPool:
     """A thread pool of which one tenant holds at most `share` threads at a time (the rest of
-    its requests wait for one of its own, in arrival order)."""
+    its requests wait for one of its own, in arrival order) and spends at most `cpu` CPU seconds a
+    second on average (`CpuBudget`)."""
 
-    def __init__(self, workers: int, share: int):
+    def __init__(self, workers: int, share: int, cpu: float = 0.2):
         self.share = share
+        self.cpu = cpu
         self._executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="plexrl-edge")
         self._slots: dict[str, asyncio.Semaphore] = {}
+        self._budgets: dict[str, CpuBudget] = {}
 
     async def run(self, tenant: str, fn: Callable[..., T], *args) -> T:
         slots = self._slots.get(tenant)
         if slots is None:
             slots = self._slots[tenant] = asyncio.Semaphore(self.share)
+            self._budgets[tenant] = CpuBudget(self.cpu, time.monotonic())
+        budget = self._budgets[tenant]
         async with slots:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            wait = budget.wait_s(time.monotonic())
+            if wait > 0:
+                await asyncio.sleep(wait)
+            spent, value = await asyncio.get_running_loop().run_in_executor(self._executor, _timed, fn, args)
+            budget.charge(spent, time.monotonic())
+        return value.result()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _timed(fn: Callable[..., T], args: tuple) -> "tuple[float, concurrent.futures.Future[T]]":
+    """`fn(*args)` and the CPU time its thread spent on it; its outcome as a done future, so a
+    refusal is charged like an answer."""
+    outcome: concurrent.futures.Future = concurrent.futures.Future()
+    started = time.thread_time()
+    try:
+        outcome.set_result(fn(*args))
+    except BaseException as exc:
+        outcome.set_exception(exc)
+    return time.thread_time() - started, outcome

@@ -21,7 +21,12 @@ Invariants:
   future, run or checkpoint is `NotFound`, exactly as one that does not exist;
 - sampling without a seed draws from a seed derived from the request's numbers (sampling
   session, seq_id), never from arrival order: a run repeated with the same seeds samples the
-  same tokens whatever else the server runs.
+  same tokens whatever else the server runs;
+- what a tenant holds is bounded (`Limits`): requests queued and their payload bytes, request
+  records kept (refusals included), open sessions; past a bound a request is refused (429), and
+  a refusal's message is cut short, never echoing a large value;
+- session ids come from a counter in the state directory, so they are unique across restarts
+  and across servers sharing it; a run record is never overwritten.
 """
 
 from __future__ import annotations
@@ -243,6 +248,7 @@ class Service:
         self._kept: dict[str, int] = {}  # tenant -> request records held (pending, queued or finished)
         self._closers: list[Callable[[], None]] = []
         self._opening: dict[str, int] = {}  # tenant -> sessions being created right now
+        self._capabilities: dict | None = None
         # (tenant, tinker path) -> (snapshot, its model, its sync number): a named sampler still in a slot
         self._snapshots: dict[tuple[str, str], tuple[StateHandle, Model, int]] = {}
         self._lock = threading.RLock()
@@ -518,8 +524,10 @@ class Service:
     def _place(self, model: Model, lora: LoraConfig | None, future, checkpoint: tuple[CheckpointRecord, bool] | None):
         """On a service thread: add the model to the cluster (waiting for admission), load a
         checkpoint into it if asked, record its run, then let its queued calls go."""
-        session = self.sessions[model.session_id]
         try:
+            session = self.sessions.get(model.session_id)
+            if session is None or session.finished:
+                raise Gone(f"session {model.session_id!r} finished while its model was being placed")
             folder = self._folder(model.run.base_model)
             name = model.model_id.split(":", 1)[1]  # "train:N"
             seed = lora.seed if lora else 0
@@ -969,11 +977,12 @@ class Service:
                 "train_attn": run.train_attn if run.lora_rank else None}
 
     def capabilities(self) -> dict:
-        models = []
-        for name, folder in sorted(self.served.items()):
-            models.append({"model_name": name, "max_context_length": _context(folder), "trainable": True,
-                           "sampleable": True})
-        return {"supported_models": models}
+        """The served models (read from their folders once: they do not change while serving)."""
+        if self._capabilities is None:
+            self._capabilities = {"supported_models": [
+                {"model_name": name, "max_context_length": _context(folder), "trainable": True, "sampleable": True}
+                for name, folder in sorted(self.served.items())]}
+        return self._capabilities
 
 
 # ---------------------------------------------------------------------------- helpers
