@@ -35,9 +35,7 @@ def test_the_hand_computed_timeline_as_a_trace(tmp_path):
                     if x["ph"] == "X" and x["pid"] == DEVICES and x["tid"] == 0)
     assert slices == [(0.0, 10.0, "update", "J1"), (10.0, 4.0, "update", "J2"), (14.0, 2.0, "offload", "J3"),
                       (16.0, 2.0, "load", "J3"), (18.0, 2.0, "update", "J3")]
-    queued = sorted((x["ph"], x["ts"] / 1e6) for x in trace if x.get("cat") == "queue" and x["ph"] in "be")
-    assert queued == [("b", 0.0), ("b", 1.0), ("b", 2.0), ("e", 0.0), ("e", 10.0), ("e", 18.0)]
-    flows = sorted((x["ph"], x["ts"] / 1e6) for x in trace if x.get("cat") == "queue" and x["ph"] in "sf")
+    flows = sorted((x["ph"], x["ts"] / 1e6) for x in trace if x.get("cat") == "queue")  # J2 waited 1 -> 10, J3 2 -> 18
     assert flows == [("f", 0.0), ("f", 10.0), ("f", 18.0), ("s", 0.0), ("s", 1.0), ("s", 2.0)]
     steps = [x for x in trace if x["ph"] == "i"]
     assert sorted(x["ts"] / 1e6 for x in steps) == [10.0, 14.0, 20.0]

@@ -1,7 +1,7 @@
 """`plexrl bench observe`: what watching a cluster costs.
 
 1. scraping `/metrics` every second, A/B in one run: `plexrl bench serve`'s call (a forward of 3
-   tokens on a micro model, over the bare protocol) made in alternating blocks without a scraper
+   tokens on a micro model, over the bare protocol, on its engine: `--engine`, default process) made in alternating blocks without a scraper
    (A) and with a thread scraping `/metrics` once a second (B), A B then B A, over `--rounds`
    rounds so that drift of the machine's speed falls on both; the added latency is B / A - 1 of
    the means (and of the medians); the scrape's own time is reported beside it;
@@ -10,7 +10,8 @@
    asked `--asks` times over HTTP: milliseconds per answer;
 3. `plexrl trace` on a 1,000,000-record event log: the event log of (2) tiled (times and request
    ids shifted) to `--records` records, written as JSON lines, then converted in this process as
-   the command does (read, convert, write): seconds.
+   the command does (read, convert, write): wall seconds, and this process's CPU seconds (what the
+   wall time is on an idle machine: on a shared one others' work stretches the wall time).
 Every loop is bounded by a count and a deadline; servers bind 127.0.0.1 on free ports.
 """
 
@@ -26,12 +27,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from plexrl import engines
 from plexrl.api.types import Datum, ModelInput
 from plexrl.bench.common import emit
 from plexrl.bench.serve import raw_call, sequential_ms, summary, world
 from plexrl.engines.local import LocalCluster
 from plexrl.models.tiny import make_tiny_model
-from plexrl.observe.perfetto import write_trace
+from plexrl.observe.perfetto import no_collection, write_trace
 from plexrl.observe.web import serve_cluster
 from plexrl.runtime.events import write_jsonl
 from plexrl.sim.trace import read_events
@@ -66,8 +68,8 @@ class Scraper:
         self._thread.join(30)
 
 
-def scrape_ab(calls: int, rounds: int, budget_s: float) -> dict:
-    with world() as w, raw_call(w.url, w.model) as call:
+def scrape_ab(calls: int, rounds: int, budget_s: float, engine: str) -> dict:
+    with world(engine) as w, raw_call(w.url, w.model) as call:
         scraper = Scraper(f"{w.url}/metrics")
         plain, scraped = [], []
         try:
@@ -147,10 +149,12 @@ def tiled(events: list[dict], records: int) -> list[dict]:
 
 def trace_seconds(events: list[dict], records: int, root: str) -> dict:
     log = write_jsonl(tiled(events, records), Path(root) / "events.jsonl")
-    t0 = time.perf_counter()
-    counts = write_trace(read_events(log), Path(root) / "trace.json")
-    seconds = time.perf_counter() - t0
-    return {"trace_records": records, "trace_s": seconds, "trace_calls": counts["calls"],
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    with no_collection():  # as `plexrl trace` reads
+        read = read_events(log)
+    counts = write_trace(read, Path(root) / "trace.json")
+    seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"trace_records": records, "trace_s": seconds, "trace_cpu_s": cpu_s, "trace_calls": counts["calls"],
             "trace_bytes": (Path(root) / "trace.json").stat().st_size}
 
 
@@ -162,12 +166,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--asks", type=int, default=100, help="dashboard data and metrics requests timed")
     parser.add_argument("--records", type=int, default=1_000_000, help="records of the event log traced")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds any one loop may run")
+    parser.add_argument("--engine", default="process", choices=list(engines.ENGINES),
+                        help="the served cluster's engine in the scrape A/B, as plexrl bench serve's (default process)")
     parser.add_argument("--quick", action="store_true", help="a few of everything (tests)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
         args.calls, args.rounds, args.job_calls, args.asks, args.records, args.budget = 10, 1, 2, 3, 2000, 5.0
-    result = scrape_ab(args.calls, args.rounds, args.budget)
+    result = {"engine": args.engine, **scrape_ab(args.calls, args.rounds, args.budget, args.engine)}
     with tempfile.TemporaryDirectory() as root:
         dashboard, events = twenty_jobs(root, args.job_calls, args.asks, args.budget)
         result.update(dashboard)

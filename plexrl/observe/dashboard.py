@@ -36,9 +36,10 @@ def live(metrics: dict, recent: dict, window_s: float = WINDOW_S, tenants: dict[
         jobs.append(_job(job, usage["consumed_device_s"], per_node * max(0.0, last - first), placed.get("slack"),
                          placed.get("measured_inflation"), states.get(job, {}), usage.get("requests", 0),
                          usage.get("queue_wait_s", 0.0), (tenants or {}).get(job)))
-    devices = [{"device": d, "node": int(device_node(metrics, d)), "busy_s": busy,
+    busy = metrics["device_busy_s_per_device"]
+    devices = [{"device": d, "node": int(device_node(metrics, d)), "busy_s": busy.get(d, 0.0),
                 "spans": [list(s) for s in recent["lanes"].get(d, {}).get("spans", [])]}
-               for d, busy in sorted(metrics["device_busy_s_per_device"].items())]
+               for d in sorted(set(range(metrics["devices"])) | set(busy))]  # an idle device: an empty lane
     queues = [{"node": g, "queued": metrics["queued"].get(g, 0)} for g in range(metrics["nodes"])]
     return _document(recent["now"], window_s, devices, queues, jobs, metrics["uptime_s"], metrics["switches"],
                      metrics["device_busy_s"])
