@@ -4,7 +4,9 @@
    tokens on a micro model, over the bare protocol, on its engine: `--engine`, default process) made in alternating blocks without a scraper
    (A) and with a thread scraping `/metrics` once a second (B), A B then B A, over `--rounds`
    rounds so that drift of the machine's speed falls on both; the added latency is B / A - 1 of
-   the means (and of the medians); the scrape's own time is reported beside it;
+   the means, of the medians, and per round of its two blocks' medians (the median and quartiles
+   of those: a shared machine's load moves whole blocks); beside it the scrape's own time and the
+   interpreter time one takes, which bounds what it can take from the calls (that, once a second);
 2. the dashboard for 8 devices and 20 jobs: a local cluster of 8 devices where 20 jobs (a micro
    trainer each) make `--job-calls` calls, then `/dashboard/data` (default window) and `/metrics`
    asked `--asks` times over HTTP: milliseconds per answer;
@@ -29,11 +31,12 @@ import numpy as np
 
 from plexrl import engines
 from plexrl.api.types import Datum, ModelInput
-from plexrl.bench.common import emit
+from plexrl.bench.common import emit, percentile
 from plexrl.bench.serve import raw_call, sequential_ms, summary, world
 from plexrl.engines.local import LocalCluster
 from plexrl.models.tiny import make_tiny_model
 from plexrl.observe.perfetto import no_collection, write_trace
+from plexrl.observe.prometheus import exposition
 from plexrl.observe.web import serve_cluster
 from plexrl.runtime.events import write_jsonl
 from plexrl.sim.trace import read_events
@@ -71,21 +74,37 @@ class Scraper:
 def scrape_ab(calls: int, rounds: int, budget_s: float, engine: str) -> dict:
     with world(engine) as w, raw_call(w.url, w.model) as call:
         scraper = Scraper(f"{w.url}/metrics")
-        plain, scraped = [], []
+        plain, scraped, paired = [], [], []
         try:
             sequential_ms(call, 0, budget_s, warmup=20)
             for k in range(rounds):  # A B, then B A: neither arm always goes first
+                blocks = {}
                 for scraping in ((False, True) if k % 2 == 0 else (True, False)):
                     scraper.scraping(scraping)
-                    (scraped if scraping else plain).extend(sequential_ms(call, calls, budget_s, warmup=0))
+                    blocks[scraping] = sequential_ms(call, calls, budget_s, warmup=0)
+                    (scraped if scraping else plain).extend(blocks[scraping])
                 scraper.scraping(False)
+                paired.append(statistics.median(blocks[True]) / statistics.median(blocks[False]) - 1)
+            scrape_cpu_ms = interpreter_ms(exposition(w.cluster.metrics), 50)
         finally:
             scraper.close()
     return {**summary("call_unscraped", plain), **summary("call_scraped", scraped),
             "scrape_added_mean": statistics.fmean(scraped) / statistics.fmean(plain) - 1,
             "scrape_added_median": statistics.median(scraped) / statistics.median(plain) - 1,
+            "scrape_added_paired_median": statistics.median(paired),
+            "scrape_added_paired_p25": percentile(paired, 25), "scrape_added_paired_p75": percentile(paired, 75),
             "scrapes": len(scraper.times_ms), "scrape_ms_mean": statistics.fmean(scraper.times_ms or [float("nan")]),
+            "scrape_cpu_ms": scrape_cpu_ms, "scrape_interpreter_share": scrape_cpu_ms / (SCRAPE_EVERY_S * 1e3),
             "calls_per_arm": len(plain)}
+
+
+def interpreter_ms(work, n: int) -> float:
+    """CPU milliseconds of one `work()` in this thread (the interpreter time a scrape holds)."""
+    work()
+    t0 = time.thread_time()
+    for _ in range(n):
+        work()
+    return (time.thread_time() - t0) / n * 1e3
 
 
 def twenty_jobs(root: str, job_calls: int, asks: int, budget_s: float) -> tuple[dict, list[dict]]:
