@@ -74,3 +74,10 @@ def test_sim_trace_flag_writes_a_log_and_a_trace_per_mode(tmp_path):
         log = [json.loads(line) for line in (tmp_path / f"{mode}.events.jsonl").read_text().splitlines()]
         calls = sum(len(r.get("devices", [r["device"]])) for r in log if r["event"] == "end")
         assert sum(1 for x in trace if x.get("cat") == "call") == calls > 0
+        lanes: dict[int, list] = {}
+        for x in trace:
+            if x["ph"] == "X" and x["pid"] == DEVICES and x["tid"] % 2 == 0:
+                lanes.setdefault(x["tid"], []).append((x["ts"], x["ts"] + x["dur"]))
+        for lane in lanes.values():  # a GPU runs one call at a time, and its switches between them
+            lane.sort()
+            assert all(a[1] <= b[0] + 1e-3 for a, b in zip(lane, lane[1:]))
