@@ -135,11 +135,11 @@ def serve_cluster(cluster, port: int, host: str = "127.0.0.1"):
     return Server(observability_app(cluster), host, port).start()
 
 
-def add_metrics_port(parser) -> None:
+def add_metrics_port(parser, cluster: str = "the cluster") -> None:
     """`--metrics-port` of `plexrl run` and `plexrl demo`."""
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                        help="serve the cluster's Prometheus /metrics and its /dashboard on 127.0.0.1:PORT while "
-                             "it runs (0: a free port, printed)")
+                        help=f"serve {cluster}'s Prometheus /metrics and its /dashboard on 127.0.0.1:PORT while "
+                             "it runs (0: a free port, printed on stderr)")
 
 
 @contextlib.contextmanager

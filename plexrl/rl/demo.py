@@ -123,7 +123,7 @@ def parse_args(argv):
     parser.add_argument("--read-replicas", choices=("auto", "on", "off"), default="auto",
                         help="the multiplexed cluster's read replicas (a snapshot's calls on both devices at once): "
                              "auto (default) on except on the local engine")
-    add_metrics_port(parser)
+    add_metrics_port(parser, "the multiplexed cluster")
     engines.add_engine_option(parser)
     return parser.parse_args(argv)
 
