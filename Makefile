@@ -12,7 +12,7 @@ export NO_MKDOCS_2_WARNING := 1
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test docs test-vllm bench gpu-check clean
+.PHONY: install demo test docs test-vllm bench gpu-check clean screenshot
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml Makefile
 	# The Tinker cookbook (its math_rl recipe runs against `plexrl serve` in the tests) without its
 	# declared deps: tml-renderers is not in the registry; what the recipe needs is in [dev].
 	$(BIN)/python -m pip install --quiet --no-deps tinker-cookbook==0.6.1
+	# A headless browser for the dashboard's test (tests/test_observe_browser.py), where apt-get runs as root;
+	# elsewhere that test skips, saying so.
+	command -v chromedriver >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
+		echo "no chromium and chromium-driver installed: the dashboard's browser test will skip" >&2
 	touch $(STAMP)
 
 # Three pairs of the exclusive and multiplexed schedules, one after the other, and their median
@@ -36,6 +41,10 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$status
+
+# The README's dashboard screenshot, taken by the dashboard's own browser test while two tenants train.
+screenshot: install
+	PLEXRL_DASHBOARD_SCREENSHOT=docs/images/dashboard.png $(BIN)/python -m pytest -q tests/test_observe_browser.py
 
 # The docs site (mkdocs.yml) into site/; --strict fails on any warning: a broken link, a reference
 # that no longer resolves. The reference pages are generated from the code (scripts/docs_reference.py).

@@ -13,6 +13,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("plexrl.bench", "main", "benchmarks: switch, dispatch, placement, cotenancy, faults"),
     "sim": ("plexrl.sim.cli", "main", "simulate a workload on a cluster at scale"),
     "serve": ("plexrl.serve.server", "main", "a Tinker-compatible network service (the Tinker SDK talks to it)"),
+    "trace": ("plexrl.observe.perfetto", "main", "an event log as a Chrome/Perfetto trace (ui.perfetto.dev)"),
+    "dashboard": ("plexrl.observe.cli", "main", "the live dashboard of an event log or of a running server"),
     "tiny-model": ("plexrl.models.tiny", "main", "write a small random model with its tokenizer"),
 }
 

@@ -95,7 +95,7 @@ def test_config_reference_names_every_field_with_its_meaning(site):
 def metrics_keys(metrics: dict) -> set[str]:
     """Every key of a metrics() dict, below the levels keyed by a job, device, state or model name."""
     named = {"jobs", "placement", "admission", "device_budget", "device_busy_s_per_device", "residency",
-             "activation_reserves"}
+             "activation_reserves", "queued"}
     keys: set[str] = set()
 
     def visit(d: dict, by_name: bool):

@@ -36,10 +36,12 @@ class ScriptedJob(SimJob):
         return list(self.script)
 
 
-def run_three_jobs(policy: Policy):
+def run_three_jobs(policy: Policy, record=None):
+    """`record`: a `SimRecorder` the service reports to (test_sim_trace.py)."""
     loop = EventLoop()
     done: list[str] = []
     service = Service(loop, policy, on_job_done=lambda job: done.append(job.name))
+    service.record = record
     worker = SimWorker(wid=0, arena_bytes=200, host_bytes=10**6, link_bytes_per_s=50.0, disk_bytes_per_s=50.0)
     Group(0, [worker])
     jobs = [

@@ -14,6 +14,7 @@ BENCHES = {
     "cotenancy": "plexrl.bench.cotenancy",
     "faults": "plexrl.bench.faults",
     "serve": "plexrl.bench.serve",
+    "observe": "plexrl.bench.observe",
     "ray": "plexrl.engines.ray_bench",
 }
 

@@ -42,6 +42,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from plexrl import engines
+from plexrl.observe.web import add_metrics_port, watched
 from plexrl.models.tiny import parameter_count
 from plexrl.policy import Forecast, ModelMemory, profile_from_events, waited_s
 from plexrl.policy.placement import pooled_inflation
@@ -122,6 +123,7 @@ def parse_args(argv):
     parser.add_argument("--read-replicas", choices=("auto", "on", "off"), default="auto",
                         help="the multiplexed cluster's read replicas (a snapshot's calls on both devices at once): "
                              "auto (default) on except on the local engine")
+    add_metrics_port(parser, "the multiplexed cluster")
     engines.add_engine_option(parser)
     return parser.parse_args(argv)
 
@@ -208,7 +210,8 @@ def run_multiplexed(specs, models, args, budget, progress, events_path: Path | N
     progress.mode = "multiplexed"
     replicas = {"auto": None, "on": True, "off": False}[args.read_replicas]
     with engines.open_cluster(args.engine, MUX_DEVICES, device_memory_bytes=budget, policy=args.policy,
-                              torch_device=args.device, precision=args.precision, read_replicas=replicas) as cluster:
+                              torch_device=args.device, precision=args.precision, read_replicas=replicas) as cluster, \
+            watched(cluster, args.metrics_port):
         warm_up(cluster, models.values())
         started, cpu_started = time.perf_counter(), time.process_time()
         finished: dict[str, float] = {}  # job -> seconds from the batch's start to its end (its JCT)

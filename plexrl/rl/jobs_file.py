@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from plexrl import engines
+from plexrl.observe.web import add_metrics_port, watched
 from plexrl.policy import Policy
 from plexrl.rl.spec import JobSpec, describe_errors
 from plexrl.rl.train import controllers, run_job
@@ -74,14 +75,16 @@ def load(path: str | Path) -> JobsFile:
         raise JobsFileError("\n".join([f"{path}: {len(error.errors())} problem(s)"] + describe_errors(error))) from None
 
 
-def run(spec: JobsFile, on_step=None, engine: str = "process", device: str = "auto", precision: str = "auto") -> dict:
+def run(spec: JobsFile, on_step=None, engine: str = "process", device: str = "auto", precision: str = "auto",
+        metrics_port: int | None = None) -> dict:
     models = {job.name: str(warm_model(job.task, job.model)) for job in spec.jobs}
     teachers = {job.name: str(warm_model(job.task, job.model, steps=job.teacher_warm_start_steps))
                 for job in spec.jobs if job.algorithm == "distill"}
     c = spec.cluster
     with engines.session(engine, c.devices), engines.open_cluster(
             engine, c.devices, policy=c.policy, device_memory_bytes=c.device_memory_mb * MiB,
-            host_memory_bytes=c.host_memory_mb * MiB, torch_device=device, precision=precision) as cluster:
+            host_memory_bytes=c.host_memory_mb * MiB, torch_device=device, precision=precision) as cluster, \
+            watched(cluster, metrics_port):
         with controllers(len(spec.jobs)) as pool:
             futures = [pool.submit(run_job, cluster, job, models[job.name], teachers.get(job.name), on_step)
                        for job in spec.jobs]
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("jobs_file", help="YAML file with 'jobs:' (and optionally 'cluster:')")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the results")
     parser.add_argument("--check", action="store_true", help="validate the file and exit")
+    add_metrics_port(parser)
     engines.add_engine_option(parser)
     args = parser.parse_args(argv)
     try:
@@ -109,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.jobs_file}: {len(spec.jobs)} job(s), valid")
         return 0
     report = None if args.json else (lambda job, step, stats: print(f"{job} step {step}: reward {stats.reward:.3f}", flush=True))
-    summary = run(spec, on_step=report, engine=args.engine, device=args.device, precision=args.precision)
+    summary = run(spec, on_step=report, engine=args.engine, device=args.device, precision=args.precision,
+                  metrics_port=args.metrics_port)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -6,6 +6,8 @@ records are also kept on their own, so what one job's profile reads (`snapshot(j
 costs that job's records, not every tenant's, and only its recent window travels. With `keep`
 (a service that runs for days), memory holds at most that many records: past it the oldest half
 goes, from the whole log and from each job's records alike; the file keeps every record.
+Every record also goes by the log's `Activity` (activity.py): histograms, queues and device lanes,
+which stay bounded whatever `keep` is.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from plexrl.policy.profile import window
+from plexrl.runtime.activity import Activity
 
 
 class EventLog:
@@ -28,11 +31,13 @@ class EventLog:
         self._lock = threading.Lock()
         self.path = Path(path) if path is not None else None
         self._file = None
+        self.activity = Activity()
 
     def emit(self, t: float, event: str, **fields) -> None:
         record = {"t": round(t, 9), "event": event, **fields}
         with self._lock:
             self._events.append(record)
+            self.activity.observe(record)
             job = fields.get("job")
             if isinstance(job, str):
                 self._by_job.setdefault(job, []).append(record)
@@ -63,6 +68,15 @@ class EventLog:
         with self._lock:
             records = list(self._events if job is None else self._by_job.get(job, ()))
         return records if since is None else window(records, since)
+
+    def activity_summary(self) -> dict:
+        with self._lock:
+            return self.activity.summary()
+
+    def recent(self, since: float) -> dict:
+        """Per device, its spans ending at `since` or later, and each job's span (`Activity.recent`)."""
+        with self._lock:
+            return self.activity.recent(since)
 
     def write(self, path: str | Path) -> Path:
         return write_jsonl(self.snapshot(), path)

@@ -472,6 +472,18 @@ class Front(NodeRecovery):
             merged += part
         return sorted(merged, key=lambda e: e["t"])
 
+    def recent(self, window_s: float) -> dict:
+        """What the dashboard draws (plexrl/observe): per device, its spans of the last `window_s`
+        seconds (calls, switches, prefetches); per job, its first arrival and latest end; the clock."""
+        now = self._ask("summary")["now"]
+        lanes, jobs = {}, {}
+        for part in remote.get([n.recent.remote(now - window_s) for n in self.live_nodes()]):
+            lanes.update(part["lanes"])
+            for job, (first, last) in part["jobs"].items():  # a job that moved has records on two nodes
+                seen = jobs.get(job, (first, last))
+                jobs[job] = (min(seen[0], first), max(seen[1], last))
+        return {"now": now, "lanes": lanes, "jobs": jobs}
+
     def write_events(self, path: str | Path) -> Path:
         """Every node's events and the control plane's, on one time axis, as JSON lines."""
         return write_jsonl(self.events(), path)
@@ -540,6 +552,8 @@ def merge_summaries(parts: list[dict]) -> dict:
         for job, usage in part["jobs"].items():
             out["jobs"][job] = _add_counts([out["jobs"].get(job, {}), usage])
     out["recovery"] = _add_counts([p["recovery"] for p in parts])
+    out["histograms"] = [h for p in parts for h in p["histograms"]]  # each node's carry its node label
+    out["queued"] = {group: n for p in parts for group, n in p["queued"].items()}
     out["residency"] = {sid: tier for p in parts for sid, tier in p["residency"].items()}
     out["device_budget"] = {d: split for p in parts for d, split in p["device_budget"].items()}
     out["activation_reserves"] = {src: max(p["activation_reserves"].get(src, 0) for p in parts)

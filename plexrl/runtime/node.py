@@ -630,6 +630,11 @@ class Node:
     def events(self, job: str | None = None, since: float | None = None) -> list[dict]:
         return self.telemetry.events.snapshot(job, since)
 
+    def recent(self, since: float) -> dict:
+        """Per device, its spans ending at `since` or later, per job its first arrival and latest end
+        (runtime/activity.py)."""
+        return self.telemetry.events.recent(since)
+
     def where(self) -> str:
         """The Ray node id this node runs on (affinity checks; Ray engine only)."""
         import ray

@@ -94,4 +94,5 @@ class Telemetry:
             out.update(self.writeback)
             out.update(self.prefetch)
             out["bandwidth_gbps"] = {k: self.bandwidth.bytes_per_s(k) / 1e9 for k in ("load", "offload", "spill", "restore")}
+        out.update(self.events.activity_summary())
         return out

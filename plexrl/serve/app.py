@@ -262,6 +262,9 @@ def create_app(service: Service) -> FastAPI:
     async def weights_info(request: Request):
         return await handled(request, service.weights_info)
 
+    from plexrl.observe.web import mount_observability  # the operator's /metrics and /dashboard
+
+    mount_observability(app, service)
     return app
 
 

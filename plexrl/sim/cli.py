@@ -1,5 +1,5 @@
 """`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N] [--pack-limit X|none]
-[--processes N]` and
+[--processes N] [--trace DIR]` and
 `plexrl sim calibrate EVENTS.jsonl [--device-bytes N] [--policy P] [--json]`.
 
 WORKLOAD is a YAML path or a shipped name (`paper-mix`, `scale-1024`); the cluster comes from
@@ -24,7 +24,7 @@ from plexrl.policy import Policy
 from plexrl.runtime.threads import usable_cpus
 from plexrl.sim.calibrate import calibrate
 from plexrl.sim.report import plot
-from plexrl.sim.simulate import BOUNDS, MODES, over_seeds
+from plexrl.sim.simulate import BOUNDS, MODES, mode_table, over_seeds
 from plexrl.sim.trace import load_trace
 from plexrl.sim.workload import load_cluster, load_workload
 
@@ -43,6 +43,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pack-limit", type=pack_limit, default=None, metavar="X|none",
                    help="the largest step slowdown a shared placement judges jobs by, e.g. 0.333, or 'none' for "
                         "each job's own slack (default: the workload's pack_limit, 1/3 unless it sets one)")
+    p.add_argument("--trace", type=Path, metavar="DIR",
+                   help="also write each mode's run (the first seed's) as MODE.events.jsonl, the runtime's event log "
+                        "format, and MODE.trace.json, what plexrl trace writes (ui.perfetto.dev opens it)")
     p.add_argument("--processes", type=int, default=usable_cpus(),
                    help="run the modes in this many processes; the results do not depend on it "
                         f"(default: the CPUs this process may use, {usable_cpus()})")
@@ -90,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         err.print(f"[red]plexrl sim:[/red] {exc}")
         return 2
+    if args.trace:
+        for path in traced(workload, cluster, tuple(out["runs"]), args.trace):
+            err.print(f"trace: {path}")
     if args.plots:
         paths = plot(out["runs"], out["results"], args.plots)
         err.print(f"plots: {', '.join(str(p) for p in paths)}")
@@ -102,6 +108,26 @@ def main(argv: list[str] | None = None) -> int:
     else:
         show(doc, Console())
     return 0
+
+
+def traced(workload, cluster, modes: tuple[str, ...], folder: Path) -> list[Path]:
+    """Run `modes` again with a recorder (each mode is a pure function of the workload: the same
+    run as reported) and write each one's event log and trace into `folder`."""
+    from plexrl.observe.perfetto import write_trace
+    from plexrl.runtime.events import write_jsonl
+    from plexrl.sim.recorder import SimRecorder
+
+    written = []
+    table = mode_table()
+    for name in modes:
+        mode = table[name](workload, cluster)
+        mode.service.record = SimRecorder()
+        mode.run()
+        records = mode.service.record.sorted_records()
+        written.append(write_jsonl(records, folder / f"{name}.events.jsonl"))
+        write_trace(records, folder / f"{name}.trace.json")
+        written.append(folder / f"{name}.trace.json")
+    return written
 
 
 # The report's tables, each narrow enough for an 80-column terminal: (title, columns), where a

@@ -160,6 +160,7 @@ class Service:
         self._seq = 0
         self._rollouts: dict[Rollout, None] = {}  # elastic rollouts in progress, in start order
         self._segments = 0  # rollout segments started: each end event carries its number
+        self.record = None  # a `SimRecorder` (recorder.py) when the run's events are wanted
 
     # --- controllers --------------------------------------------------------------------------
     def start(self, job: SimJob) -> None:
@@ -197,6 +198,8 @@ class Service:
             return
         job.step_times.append(now - job.step_start)
         job.step += 1
+        if self.record is not None:
+            self.record.step(job.name, job.step, now)
         pause_s = self.on_step(job) if self.on_step is not None else None
         if job.step < job.spec.steps:
             self._begin_step(job, pause_s)
@@ -217,13 +220,13 @@ class Service:
         job.phase_start = now
         job.submitted += n
         est_s = estimator.estimate(sid, fn)  # no call ends while a phase is submitted
-        if self.exclusive and self._run_together(job, sid, gangs, phase.shard_s, est_s, now):
+        if self.exclusive and self._run_together(job, sid, fn, gangs, phase.shard_s, est_s, now):
             return
         ewmas = estimator.ewmas(sid, fn)  # the estimates each call's end updates (`_done`)
         # call i, when it starts now, ends under sequence number first + i: the numbers its
         # `loop.at` would have taken (a queued call's end is scheduled later, after all of them)
         first, ends = loop.reserve(n), []
-        done, ledger, name = self._done, self.ledger, job.name
+        done, ledger, name, fast = self._done, self.ledger, job.name, self.record is None
         busy_extend = self.busy.extend
         queued: dict[int, Group] = {}  # insertion-ordered: determinism
         for i, (gang, exec_s) in enumerate(zip(gangs, phase.shard_s, strict=True)):
@@ -233,13 +236,14 @@ class Service:
                     if w.busy:
                         break
                 else:  # nothing to compete with: every policy starts it now
-                    if mark_used(gang, sid, now):  # most calls: `_hold` without a switch, inlined (the same floats)
+                    # most calls: `_hold` without a switch, inlined (the same floats); all of them when recorded
+                    if fast and mark_used(gang, sid, now):
                         end = now + exec_s
                         occupy_gang(ledger, name, gang, exec_s, 0.0, now + est_s)
                         group.idle -= len(gang)
                         busy_extend((now, end, len(gang)))
                     else:
-                        end = self._hold(job, sid, gang, exec_s, now, est_s)
+                        end = self._hold(job, sid, gang, exec_s, now, est_s, fn)
                     ends.append((end, first + i, done, (job, sid, fn, exec_s, gang, ewmas)))
                     continue
             req = Request(job, sid, fn, exec_s, now, gang)
@@ -254,11 +258,11 @@ class Service:
         estimator, now = self.estimator, self.loop.now
         for req in group.select(self.policy, now):
             job, sid, fn, exec_s, gang = req.job, req.state_id, req.fn, req.exec_s, req.gang
-            self.loop.at(self._hold(job, sid, gang, exec_s, req.arrival, estimator.estimate(sid, fn)), self._done,
-                         (job, sid, fn, exec_s, gang, estimator.ewmas(sid, fn)))
+            end = self._hold(job, sid, gang, exec_s, req.arrival, estimator.estimate(sid, fn), fn)
+            self.loop.at(end, self._done, (job, sid, fn, exec_s, gang, estimator.ewmas(sid, fn)))
 
     def _hold(self, job: SimJob, sid: str, gang: tuple[SimWorker, ...], exec_s: float, arrival: float,
-              est_s: float) -> float:
+              est_s: float, fn: str) -> float:
         """Make the call's state resident on every GPU of its gang, charge the job, and hold
         the gang; returns when the call ends. `est_s` is the call's current execution estimate."""
         now = self.loop.now
@@ -269,6 +273,8 @@ class Service:
         gang[0].group.idle -= len(gang)
         end = now + switch_s + exec_s
         self.busy.extend((now, end, len(gang)))
+        if self.record is not None:
+            self.record.call(job.name, sid, fn, gang, arrival, now, switch_s, end)
         return end
 
     def _switch_in(self, gang: tuple[SimWorker, ...], job: str, sid: str, now: float) -> float:
@@ -284,12 +290,15 @@ class Service:
 
     def _load(self, worker: SimWorker, job: str, sid: str, now: float) -> float:
         seconds = 0.0
-        for move in worker.make_resident(sid, now):
+        moves = worker.make_resident(sid, now)
+        for move in moves:
             self.ledger.charge_transition(job, worker.wid, KIND_NAME[move.kind], move.nbytes, move.seconds)
             seconds += move.seconds
+        if self.record is not None:
+            self.record.moves(worker, job, now, moves)
         return seconds
 
-    def _run_together(self, job: SimJob, sid: str, gangs: list[tuple[SimWorker, ...]],
+    def _run_together(self, job: SimJob, sid: str, fn: str, gangs: list[tuple[SimWorker, ...]],
                       shard_s: tuple[float, ...], est_s: float, now: float) -> bool:
         """Exclusive groups: start every call of the phase now and end them in one event, at
         the last call's end and sequence number, which is where that call's `_done` would run.
@@ -300,7 +309,7 @@ class Service:
             if gang[0].group.waiting or not _all_idle(gang):
                 return False
         hold = self._hold
-        ends = [hold(job, sid, gang, exec_s, now, est_s) for gang, exec_s in zip(gangs, shard_s, strict=True)]
+        ends = [hold(job, sid, gang, exec_s, now, est_s, fn) for gang, exec_s in zip(gangs, shard_s, strict=True)]
         first = self.loop.reserve(len(ends))  # call i's end takes sequence number first + i
         last = 0  # the latest end; a tie goes to the later call (the larger sequence number)
         for i in range(1, len(ends)):
@@ -460,6 +469,8 @@ class Service:
         usage, device_busy = self.ledger.jobs[job.name], self.ledger.device_busy_s
         gpus = 0
         for unit in seg.units:
+            if self.record is not None:  # the segment's decode on this replica: a sample call from its start
+                self.record.call(job.name, rollout.sid, "sample", unit, seg.start, seg.start, seg.switch_s, now)
             for w in unit:
                 w.busy = False
                 device_busy[w.wid] += exec_s

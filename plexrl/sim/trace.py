@@ -27,10 +27,11 @@ Invariant (tested): every call with an `end` is in `calls` exactly once, and for
 from __future__ import annotations
 
 import bisect
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
 
 from plexrl.errors import ConfigError
 from plexrl.policy.profile import held_s
@@ -107,16 +108,18 @@ class Trace:
 
 
 def read_events(path: str | Path) -> list[dict]:
+    """An event log's records, a bad line named (orjson: `plexrl trace` reads a million in seconds)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"event log {str(path)!r} does not exist; expected a JSONL file written by the runtime")
     events = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{n}: not a JSON object: {exc}") from None
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    events.append(orjson.loads(line))
+                except orjson.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{n}: not a JSON object: {exc}") from None
     return events
 
 
