@@ -346,6 +346,7 @@ ROUTES = [("POST", p) for p in ("client/config", "create_session", "session_hear
                                 "forward_backward", "forward", "sessions/{id}/finish")] + \
          [("GET", p) for p in ("healthz", "get_server_capabilities", "samplers/{id}", "training_runs",
                                "training_runs/{id}", "training_runs/{id}/checkpoints")] + \
+         [("GET", f"/{p}") for p in ("metrics", "dashboard", "dashboard/data", "dashboard/static/{id}")] + \
          [("DELETE", "training_runs/{id}/checkpoints/{id}")]
 FIELDS = ["session_id", "model_id", "model_seq_id", "seq_id", "base_model", "path", "request_id",
           "sampling_session_id", "sampling_session_seq_id", "prompt", "sampling_params", "adam_params",
@@ -428,6 +429,6 @@ def test_anything_on_any_route_gets_a_clean_4xx_and_never_stalls_another_tenant(
     h = world["h"]
     ids = [world["session"], world["model"], f"{world['session']}:sample:0", "r1-000000000000"]
     method, path, kwargs = data.draw(requests(ids))
-    answer = h.request(method, f"/api/v1/{path}", **kwargs)
+    answer = h.request(method, path if path.startswith("/") else f"/api/v1/{path}", **kwargs)
     assert_clean(answer)
     assert not probe.failures, probe.failures[:3]
