@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from plexrl import errors
 from plexrl.api.types import SamplingParams
 from plexrl.backends import execution, slot_decode
 from plexrl.runtime.state import load_module
@@ -173,3 +174,24 @@ def test_cache_lengths_and_slot_buckets():
     assert [slot_decode.slot_count(r, 64, 16384) for r in (1, 8, 9, 100, 1000)] == [8, 8, 16, 128, 256]
     assert slot_decode.slot_count(1000, 256, 4096) == 16, "the budget caps the slots"
     assert slot_decode.slot_count(5, 4096, 1024) == 8, "never below the smallest bucket"
+
+
+def test_graphs_need_cuda(micro):
+    req = request(micro, [5, 6], 1, SamplingParams(max_tokens=2), seed=0)
+    with pytest.raises(errors.InvalidInput, match="expected a CUDA device"):
+        execution.sample_batch(micro, [req], graph=True)
+
+
+def test_sampling_switches_only_its_own_modules_attention_and_back(tiny):
+    """A batched sample runs eager attention on its module for the call only; a module built
+    like a state's (skeleton_like) has its own config, so another module's calls meanwhile (a
+    worker's activation probe, on another thread) keep theirs."""
+    from plexrl.runtime.state import skeleton_like
+
+    twin = skeleton_like(tiny)
+    assert twin.config is not tiny.config
+    before = tiny.config._attn_implementation
+    with slot_decode.eager_attention(twin):
+        assert twin.config._attn_implementation == "eager" and tiny.config._attn_implementation == before
+    execution.sample(tiny, [5, 6], 1, SamplingParams(max_tokens=3), seed=0)
+    assert tiny.config._attn_implementation == before

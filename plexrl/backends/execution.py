@@ -382,10 +382,11 @@ def sample_request(model: torch.nn.Module, prompt: Sequence[int], num_samples: i
 
 def sample_batch(model: torch.nn.Module, requests: Sequence[slot_decode.SampleRequest], *,
                  max_positions: int | None = None, autocast: torch.dtype | None = None,
-                 kv_tokens: int = slot_decode.DEFAULT_KV_TOKENS, graph: bool = False
+                 kv_tokens: int = slot_decode.DEFAULT_KV_TOKENS, graph: bool | None = None
                  ) -> tuple[list[types.SampleResponse], slot_decode.DecodeStats]:
     """Every request's response, all decoded together in one batch (backends/slot_decode.py);
-    each is what `sample` alone gives it, bit for bit."""
+    each is what `sample` alone gives it, bit for bit. `graph`: decode steps as captured CUDA
+    graphs (None: on CUDA, eager elsewhere)."""
     _, max_positions = model_limits(model, max_positions)
     with mixed(model, autocast):
         return slot_decode.sample_many(model, requests, max_positions=max_positions, kv_tokens=kv_tokens,

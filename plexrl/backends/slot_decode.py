@@ -13,8 +13,9 @@ waiting row is prefilled and takes it at the next step boundary.
 3) The host looks at the batch only every few steps (`SYNC_STEPS`, or sooner when a row reaches
    its max_tokens): to collect finished rows, match stop strings (text needs the tokenizer) and
    admit waiting rows. Between looks no step reads anything back to the host, so on CUDA the
-   steps queue without a host sync and `graph=True` runs each as a captured graph
-   (`torch.compile(mode="reduce-overhead")`); the same step runs eagerly on CPU.
+   steps queue without a host sync and each runs as the replay of a captured CUDA graph
+   (`torch.cuda.CUDAGraph` of the eager step: the same kernels, so the same bits); the same step
+   runs eagerly on CPU.
 
 Invariants (tests/test_slot_decode.py checks them):
 - Transparency: a row's tokens and log-probs depend only on its own request (prompt, params,
@@ -32,7 +33,9 @@ Invariants (tests/test_slot_decode.py checks them):
   (softmax(logits) when greedy); a row stops on its first stop token (kept) or stop string, else
   at max_tokens.
 - The slot cache holds at most `kv_tokens` positions (slots x cache length, at least the
-  smallest bucket of slots): the budget the node's activation reserve was measured with.
+  smallest bucket of slots). In a cluster that is what the device's activation reserve holds
+  (StateManager.decode_positions): the reserve is set aside for one function at a time, and a
+  batched sample is one.
 
 Out of scope: paged KV (a slot reserves its whole cache length), prefix sharing between
 requests, speculative decoding.
@@ -48,7 +51,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
-from plexrl import types
+from plexrl import errors, types
 
 SLOT_BUCKETS = (8, 16, 32, 64, 128, 256)  # decode batch shapes; a row's result is the same in each
 CACHE_BUCKET = 64  # cache lengths are multiples of this (a row's own prompt + max_tokens, rounded up)
@@ -85,6 +88,13 @@ class DecodeStats:
     prefill_tokens: int = 0
     slots: tuple[int, ...] = ()  # the slot count of each group of cache length
     tokens: tuple[int, ...] = ()
+
+
+def kv_bytes_per_position(config, dtype: torch.dtype) -> int:
+    """Bytes one cache position (a key and a value in every layer) takes in `dtype`."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * dtype.itemsize
 
 
 def cache_len(positions: int, max_positions: int) -> int:
@@ -236,8 +246,10 @@ class Pending:
 class SlotBatch:
     """The device tensors of one group's slots and the step that advances them."""
 
-    def __init__(self, model: torch.nn.Module, slots: int, length: int, max_new: int, dtype: torch.dtype,
-                 graph: bool):
+    def __init__(self, model: torch.nn.Module, slots: int, length: int, max_new: int, max_stops: int,
+                 filters: tuple[bool, bool], dtype: torch.dtype, graph: bool):
+        """`max_stops`: the most stop token ids a row has; `filters`: whether any row has a top-k,
+        a top-p limit (fixed for the batch, so that a captured step never changes)."""
         self.model, self.slots, self.length = model, slots, length
         device = next(model.parameters()).device
         vocab = model.config.vocab_size
@@ -254,14 +266,14 @@ class SlotBatch:
         self.temperature = torch.zeros(slots, dtype=torch.float32, device=device)
         self.top_k = torch.full((slots,), -1, **long)
         self.top_p = torch.ones(slots, dtype=torch.float32, device=device)
-        self.stop_ids = torch.full((slots, 1), -1, **long)
+        self.stop_ids = torch.full((slots, max(1, max_stops)), -1, **long)
         self.logits = torch.zeros(slots, vocab, dtype=torch.float32, device=device)
         self.out_tokens = torch.zeros(slots, max_new + 1, **long)  # column max_new: where finished rows write
         self.out_logprobs = torch.zeros(slots, max_new + 1, dtype=torch.float32, device=device)
         self.cache = slot_cache(model, slots, length, self.position, dtype)
         self.key_positions = torch.arange(length, device=device)
-        self.filters = (False, False)  # whether a placed row has a top-k, a top-p limit
-        self.step = torch.compile(self._step, mode="reduce-overhead") if graph else self._step
+        self.filters = filters
+        self.step = captured(self._step, device) if graph else self._step
 
     def place(self, row: Row, pending: Pending) -> None:
         """Put `row` into its slot: its prompt's KV, its last logits and its params."""
@@ -277,12 +289,7 @@ class SlotBatch:
         self.seed[slot], self.sample[slot] = as_int64(request.seed), row.sample
         self.temperature[slot] = params.temperature
         self.top_k[slot], self.top_p[slot] = params.top_k, params.top_p
-        self.filters = (self.filters[0] or params.top_k != -1, self.filters[1] or params.top_p < 1.0)
         stops = request.stop_token_ids
-        if len(stops) > self.stop_ids.shape[1]:
-            grown = torch.full((self.slots, len(stops)), -1, dtype=torch.long, device=self.stop_ids.device)
-            grown[:, :self.stop_ids.shape[1]] = self.stop_ids
-            self.stop_ids = grown
         self.stop_ids[slot] = -1
         if stops:
             self.stop_ids[slot, :len(stops)] = torch.tensor(stops, dtype=torch.long)
@@ -304,6 +311,26 @@ class SlotBatch:
                          attention_mask=mask[:, None, None, :], cache=self.cache, use_cache=True)
         self.logits.copy_(out.logits[:, -1].float())
         self.position.copy_(torch.clamp(self.position + 1, max=self.length - 1))
+
+
+def captured(step, device: torch.device):
+    """`step` as the replay of a CUDA graph captured once (after warm-up steps on a side stream,
+    which with no live row write only into dead slots). The graph runs the very kernels `step`
+    launches eagerly, so a row's bits are those of the eager step (torch.compile's fused kernels
+    are not: measured on CPU, its rows differed from the eager step's)."""
+    if device.type != "cuda":
+        raise errors.InvalidInput(f"graph=True captures the decode step as a CUDA graph; the model is on {device}, "
+                                  "expected a CUDA device (or graph=None: captured on CUDA, eager elsewhere)")
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def prefill(model: torch.nn.Module, request: SampleRequest) -> Pending:
@@ -340,7 +367,10 @@ def sample_group(model: torch.nn.Module, requests: Sequence[SampleRequest], indi
     dtype = next(model.parameters()).dtype
     if torch.is_autocast_enabled(next(model.parameters()).device.type):
         dtype = torch.get_autocast_dtype(next(model.parameters()).device.type)
-    batch = SlotBatch(model, slots, length, max(requests[i].params.max_tokens for i in indices), dtype, graph)
+    group = [requests[i] for i in indices]
+    filters = (any(r.params.top_k != -1 for r in group), any(r.params.top_p < 1.0 for r in group))
+    batch = SlotBatch(model, slots, length, max(r.params.max_tokens for r in group),
+                      max(len(r.stop_token_ids) for r in group), filters, dtype, graph)
     waiting, free, running = list(rows), list(range(slots)), {}
     prefilled: dict[int, Pending] = {}
     sequences = {i: [None] * requests[i].num_samples for i in indices}
@@ -391,11 +421,14 @@ def sample_group(model: torch.nn.Module, requests: Sequence[SampleRequest], indi
 
 
 def sample_many(model: torch.nn.Module, requests: Sequence[SampleRequest], *, max_positions: int,
-                kv_tokens: int = DEFAULT_KV_TOKENS, graph: bool = False
+                kv_tokens: int = DEFAULT_KV_TOKENS, graph: bool | None = None
                 ) -> tuple[list[types.SampleResponse], DecodeStats]:
     """Every request's response, decoded together (requests already checked by the caller),
     and what the call did. Requests of one cache length share a slot batch; the groups run one
-    after the other, in order of cache length."""
+    after the other, in order of cache length. `graph`: each slot batch's step a captured CUDA
+    graph (None: on CUDA)."""
+    if graph is None:
+        graph = next(model.parameters()).device.type == "cuda"
     groups: dict[int, list[int]] = {}
     for i, request in enumerate(requests):
         groups.setdefault(cache_len(request.positions, max_positions), []).append(i)
