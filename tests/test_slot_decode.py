@@ -195,3 +195,26 @@ def test_sampling_switches_only_its_own_modules_attention_and_back(tiny):
         assert twin.config._attn_implementation == "eager" and tiny.config._attn_implementation == before
     execution.sample(tiny, [5, 6], 1, SamplingParams(max_tokens=3), seed=0)
     assert tiny.config._attn_implementation == before
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)")
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(REQUEST, min_size=1, max_size=7), st.randoms(use_true_random=False))
+def test_rows_do_not_depend_on_their_batch_on_cuda_graphs(micro_model, requests, rng):
+    """The property on CUDA, decode steps as captured graphs (what `make gpu-check` runs)."""
+    model = cuda_micro(micro_model)
+    reqs = [request(model, prompt, n, params, seed) for prompt, n, params, seed in requests]
+    rng.shuffle(reqs)
+    responses, _ = execution.sample_batch(model, reqs, graph=True)
+    for req, response in zip(reqs, responses):
+        assert response == execution.sample_batch(model, [req], graph=True)[0][0]
+
+
+CUDA_MODELS: dict = {}
+
+
+def cuda_micro(folder):
+    if folder not in CUDA_MODELS:
+        CUDA_MODELS[folder] = load_module(folder).to("cuda")
+    return CUDA_MODELS[folder]

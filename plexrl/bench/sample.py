@@ -242,6 +242,10 @@ def decode_figures(args, model: Path, folder: str) -> dict:
             module = load_module(model).to(device=device, dtype=dtype)
             out["sweep"] = decode_sweep.sweep(module, device, args.sweep, args.prompt_tokens, args.max_tokens,
                                               args.repeats, out["graph"], out["copy_bandwidth_gbps"] * 1e9)
+            at_batch = [row for row in out["sweep"] if row["batch"] == args.batch]  # gpu-check's figure
+            if at_batch:
+                out.update({key: at_batch[0][key] for key in ("batched_tokens_per_s", "bound_tokens_per_s",
+                                                               "batched_of_bound")})
         if args.rollout:
             prompts, samples, tokens = args.rollout
             demo = load_module(make_tiny_model(f"{folder}/demo-model")).to(device=device, dtype=dtype)
