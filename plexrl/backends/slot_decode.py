@@ -5,8 +5,10 @@ seed, stop rule and log-prob options) and decodes all their rows at once, as con
 does: rows sit in the slots of a static KV cache; a row that finishes frees its slot, and a
 waiting row is prefilled and takes it at the next step boundary.
 
-1) Each request's prompt is prefilled alone (batch 1, its own length), once for all its samples;
-   its KV is copied into the slots of its rows, at cache positions 0..n-1.
+1) Each request's prompt is prefilled once for all its samples, together with the other prompts
+   waiting for slots that have its prefill length (its own length rounded up to PREFILL_BUCKET):
+   right-padded to it, attending causally to its own tokens only; its KV is copied into the
+   slots of its rows, at cache positions 0..n-1.
 2) A decode step runs every slot at once: choose each row's token from its logits (on the
    device), then one forward of the model over all slots, each writing its KV at its own
    position and attending over the whole static cache under its own mask.
@@ -20,13 +22,15 @@ waiting row is prefilled and takes it at the next step boundary.
 Invariants (tests/test_slot_decode.py checks them):
 - Transparency: a row's tokens and log-probs depend only on its own request (prompt, params,
   seed, its sample index, stop rule), never on the other rows of the call nor on which slot it
-  lands in. This holds because every shape a row meets is fixed by the row itself: its prefill
-  is its own; the cache length is a bucket of its own prompt + max_tokens (`cache_len`); rows
-  of different cache lengths never share a step; the decode step has a slot count from a fixed
-  set of buckets (`SLOT_BUCKETS`), attends with the eager (matmul, softmax) attention, which is
-  row-invariant for fixed shapes (PyTorch's CPU SDPA kernel is not: a row's output moved with
-  its slot, measured), and draws its randomness from a counter-based hash of (seed, sample index,
-  step, token id) rather than a generator shared by the rows (`gumbel_noise`).
+  lands in. Every length a row meets is fixed by the row itself: its prompt is prefilled padded
+  to a bucket of its own length (`prefill_len`), its cache is a bucket of its own prompt +
+  max_tokens (`cache_len`), and rows of different lengths never share a forward. What varies
+  with the composition is only the number of rows of a forward: at least SLOT_BUCKETS[0] in a
+  decode step, at least PREFILL_BUCKET positions in a prefill; a matmul's row over those shapes
+  came out the same for every such number measured here (CPU), and the test decides. Attention
+  is the eager (matmul, softmax) one (PyTorch's CPU SDPA kernel is not row-invariant: a row's
+  output moved with its slot, measured), and randomness a counter-based hash of (seed, sample
+  index, step, token id), not a generator shared by the rows (`gumbel_noise`).
 - Sampling semantics are those of `execution.sample_eager` (the one-request loop this replaces,
   kept as the reference): temperature, then top-k (ties with the k-th kept), then top-p restrict
   what may be drawn; the log-prob reported is under the untruncated tempered distribution
@@ -56,6 +60,9 @@ from plexrl import errors, types
 SLOT_BUCKETS = (8, 16, 32, 64, 128, 256)  # decode batch shapes; a row's result is the same in each
 CACHE_BUCKET = 64  # cache lengths are multiples of this (a row's own prompt + max_tokens, rounded up)
 SYNC_STEPS = 8  # decode steps between two looks of the host at the batch
+PREFILL_BUCKET = 16  # prompts are prefilled right-padded to a multiple of this (of their own length)
+PREFILL_ROWS = 64  # prompts prefilled in one forward, at most
+PAD_TOKEN_ID = 0
 DEFAULT_KV_TOKENS = 256 * CACHE_BUCKET  # slots x cache length by default: 256 rows (vLLM's max_num_seqs) of the shortest length
 
 
@@ -333,20 +340,54 @@ def captured(step, device: torch.device):
     return graph.replay
 
 
-def prefill(model: torch.nn.Module, request: SampleRequest) -> Pending:
-    """Run the request's prompt alone (batch 1, its own length) into a fresh cache."""
+def prefill_len(prompt: int, max_positions: int) -> int:
+    """The length a prompt of `prompt` tokens is prefilled at: a multiple of PREFILL_BUCKET."""
+    return min(max_positions, -(-prompt // PREFILL_BUCKET) * PREFILL_BUCKET)
+
+
+def prefill(model: torch.nn.Module, requests: list[SampleRequest], length: int) -> list[Pending]:
+    """Prefill `requests` (prompts of prefill length `length`) in one forward: right-padded to
+    `length`, each row attending causally to its own prompt only (eager attention, so the row
+    depends on its own tokens and the fixed length, never on the other rows)."""
     device = next(model.parameters()).device
+    ids = torch.full((len(requests), length), PAD_TOKEN_ID, dtype=torch.long)
+    for row, request in enumerate(requests):
+        ids[row, :len(request.prompt)] = torch.tensor(request.prompt)
+    ids = ids.to(device)
+    lengths = torch.tensor([len(r.prompt) for r in requests], device=device)
+    positions = torch.arange(length, device=device)
+    allowed = (positions[None, None, :] <= positions[None, :, None]) & (positions[None, None, :] < lengths[:, None, None])
+    mask = torch.where(allowed, 0.0, float("-inf"))[:, None]  # (rows, 1, query, key)
     cache = DynamicCache()
-    prompt = torch.tensor([request.prompt], device=device)
-    keep = 0 if request.include_prompt_logprobs else 1  # 0 keeps every position
-    out = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=keep)
-    prompt_logprobs = None
-    if request.include_prompt_logprobs:
-        following = torch.log_softmax(out.logits[0, :-1].float(), -1).gather(-1, prompt[0, 1:, None]).squeeze(-1)
-        prompt_logprobs = [None] + following.tolist()
-    keys = [layer.keys for layer in cache.layers]
-    values = [layer.values for layer in cache.layers]
-    return Pending(request, keys, values, out.logits[0, -1].float(), prompt_logprobs)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions[None].expand(len(requests), -1),
+                cache=cache, use_cache=True)
+    logits = out.logits.float()
+    pending = []
+    for row, request in enumerate(requests):
+        n = len(request.prompt)
+        prompt_logprobs = None
+        if request.include_prompt_logprobs:
+            following = torch.log_softmax(logits[row, :n - 1], -1).gather(-1, ids[row, 1:n, None]).squeeze(-1)
+            prompt_logprobs = [None] + following.tolist()
+        keys = [layer.keys[row:row + 1, :, :n] for layer in cache.layers]
+        values = [layer.values[row:row + 1, :, :n] for layer in cache.layers]
+        pending.append(Pending(request, keys, values, logits[row, n - 1], prompt_logprobs))
+    return pending
+
+
+def prefill_waiting(model: torch.nn.Module, requests: Sequence[SampleRequest], wanted: list[int],
+                    max_positions: int, prefilled: dict) -> int:
+    """Prefill the requests `wanted` (indices), grouped by prefill length, into `prefilled`;
+    the prompt tokens prefilled."""
+    groups: dict[int, list[int]] = {}
+    for i in wanted:
+        groups.setdefault(prefill_len(len(requests[i].prompt), max_positions), []).append(i)
+    for length, indices in sorted(groups.items()):
+        for start in range(0, len(indices), PREFILL_ROWS):
+            chunk = indices[start:start + PREFILL_ROWS]
+            for i, pending in zip(chunk, prefill(model, [requests[i] for i in chunk], length)):
+                prefilled[i] = pending
+    return sum(len(requests[i].prompt) for i in wanted)
 
 
 def stop_string_at(request: SampleRequest, tokens: list[int], checked: int) -> int | None:
@@ -359,7 +400,7 @@ def stop_string_at(request: SampleRequest, tokens: list[int], checked: int) -> i
 
 
 def sample_group(model: torch.nn.Module, requests: Sequence[SampleRequest], indices: list[int], length: int,
-                 kv_tokens: int, graph: bool, results: dict, stats: dict) -> None:
+                 max_positions: int, kv_tokens: int, graph: bool, results: dict, stats: dict) -> None:
     """Decode the requests `indices` (all of cache length `length`) in one slot batch, filling
     `results[i]` with each request's response and adding to `stats`."""
     rows = [Row(i, j) for i in indices for j in range(requests[i].num_samples)]
@@ -376,12 +417,12 @@ def sample_group(model: torch.nn.Module, requests: Sequence[SampleRequest], indi
     sequences = {i: [None] * requests[i].num_samples for i in indices}
     steps = 0
     while waiting or running:
-        # 1) admit waiting rows into free slots (prefilling each request once)
-        while waiting and free:
-            row = waiting.pop(0)
-            if row.request not in prefilled:
-                prefilled[row.request] = prefill(model, requests[row.request])
-                stats["prefill_tokens"] += len(requests[row.request].prompt)
+        # 1) admit waiting rows into free slots (prefilling their requests, together, once)
+        admitted = waiting[:len(free)]
+        wanted = sorted({row.request for row in admitted} - set(prefilled))
+        stats["prefill_tokens"] += prefill_waiting(model, requests, wanted, max_positions, prefilled)
+        for row in admitted:
+            waiting.remove(row)
             row.slot = free.pop(0)
             batch.place(row, prefilled[row.request])
             running[row.slot] = row
@@ -436,7 +477,7 @@ def sample_many(model: torch.nn.Module, requests: Sequence[SampleRequest], *, ma
     stats = {"steps": 0, "row_steps": 0, "prefill_tokens": 0, "slots": []}
     with torch.no_grad(), eager_attention(model):
         for length in sorted(groups):
-            sample_group(model, requests, groups[length], length, kv_tokens, graph, results, stats)
+            sample_group(model, requests, groups[length], length, max_positions, kv_tokens, graph, results, stats)
     responses = [results[i] for i in range(len(requests))]
     tokens = tuple(sum(len(s.tokens) for s in r.sequences) for r in responses)
     return responses, DecodeStats(stats["steps"], stats["row_steps"], stats["prefill_tokens"],
