@@ -90,7 +90,8 @@ BATCHED = ("sample", "compute_logprobs")  # the calls a node coalesces into one 
 class BatchReply:
     """What one coalesced call gives each of its calls: `outcomes[i]` is (result, None) or (None,
     the call's own error); `tokens[i]` the tokens it computed (prompt + sampled), by which the
-    call's device time is shared; `stats` what the decode did (slot_decode.DecodeStats)."""
+    call's device time is shared; `stats` what the decode did (slot_decode.DecodeStats; None
+    from a vLLM engine, whose steps are its own)."""
 
     outcomes: list[tuple[Any, BaseException | None]]
     tokens: list[int]

@@ -524,7 +524,7 @@ class Node:
         for call, share in zip(request.calls, shares(reply.result, len(request.calls))):
             self.telemetry.executed(call.job, self.sm.primary_of(request.state_id), call.fn, device,
                                     reply.device_s * share, reply.wall_s * share)
-        if isinstance(reply.result, functions.BatchReply):  # what fits the decode model (policy/decode.py)
+        if isinstance(reply.result, functions.BatchReply) and reply.result.stats is not None:  # fits the decode model
             stats = reply.result.stats
             self.telemetry.decoded(self.sm.primary_of(request.state_id), stats.steps, stats.row_steps,
                                    stats.prefill_tokens, reply.device_s)

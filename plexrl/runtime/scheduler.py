@@ -20,8 +20,7 @@ state's other calls wait in its FIFO for the next free replica or their turn. Su
 pure functions of the weights and their payload (a sample carries its seed), so the order they
 run in changes no result.
 
-Batched sampling (`_coalesce`): when a device takes a `sample` or `compute_logprobs` head of a
-state that samples on the HF path, the calls of those two kinds queued right behind it join its
+Batched sampling (`_coalesce`): when a device takes a `sample` or `compute_logprobs` head, the calls of those two kinds queued right behind it join its
 device call (`Request.batch`; the node runs them as `sample_batch`, functions.py), up to the KV
 positions the device's activation reserve holds (StateManager.decode_positions). Calls arriving
 while it runs join the next one. A sample head's E_i is the decode model's estimate of that batch
@@ -323,9 +322,10 @@ class GroupScheduler:
         reserve holds; the head goes whatever its size). Only calls of one state share a call: one set of weights, one
         job. Such calls are pure functions of the weights and their payload (a sample carries its
         seed, and a row's result does not depend on its batch), so running them together changes
-        no result. Calls that arrive while the batch runs go into the next one."""
+        no result (a vLLM state's engine gets the batch's samples in one request). Calls that arrive
+        while the batch runs go into the next one."""
         used = head.positions()
-        if used is None or self.sm.states[head.state_id].sampler != "hf":
+        if used is None:
             return
         head.batch = []
         budget = self.sm.decode_positions(head.state_id)
