@@ -56,12 +56,12 @@ REQUEST = st.tuples(st.lists(st.integers(4, 80), min_size=1, max_size=40), st.in
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(REQUEST, min_size=1, max_size=7), st.sampled_from([8 * 64, slot_decode.DEFAULT_KV_TOKENS]),
+@given(st.lists(REQUEST, min_size=1, max_size=7), st.sampled_from([8 * slot_decode.CACHE_MIN, slot_decode.DEFAULT_KV_TOKENS]),
        st.randoms(use_true_random=False))
 def test_rows_do_not_depend_on_their_batch(micro, requests, kv_tokens, rng):
-    """Random compositions: up to 42 rows (slot buckets 8 to 64), two cache lengths, rows that
-    outnumber the slots (a budget of 8 slots: rows wait and take freed slots), every request
-    compared with itself alone in the default budget."""
+    """Random compositions: up to 42 rows (slot buckets 8 to 64), up to three cache lengths, rows
+    that outnumber the slots (a budget of 8 slots of the shortest length: rows wait and take freed
+    slots), every request compared with itself alone in the default budget."""
     reqs = [request(micro, prompt, n, params, seed) for prompt, n, params, seed in requests]
     rng.shuffle(reqs)
     responses, stats = execution.sample_batch(micro, reqs, kv_tokens=kv_tokens)
@@ -80,7 +80,7 @@ COMPOSITIONS = {
     "alone in a batch of 8 slots": (0, 1, slot_decode.DEFAULT_KV_TOKENS),
     "beside 40 rows (64 slots)": (10, 4, slot_decode.DEFAULT_KV_TOKENS),
     "beside 200 rows (256 slots)": (25, 8, slot_decode.DEFAULT_KV_TOKENS),
-    "rows outnumber the slots": (12, 3, 8 * 64),
+    "rows outnumber the slots": (12, 3, 8 * slot_decode.CACHE_MIN),
 }
 
 
@@ -170,7 +170,8 @@ def test_noise_is_a_function_of_seed_sample_and_step():
 
 
 def test_cache_lengths_and_slot_buckets():
-    assert [slot_decode.cache_len(p, 256) for p in (1, 64, 65, 200, 300)] == [64, 64, 128, 256, 256]
+    assert [slot_decode.cache_len(p, 256) for p in (1, 16, 17, 64, 65, 200, 300)] == [16, 16, 32, 64, 128, 256, 256]
+    assert slot_decode.cache_len(150, 160) == 160, "at most the model's positions"
     assert [slot_decode.slot_count(r, 64, 16384) for r in (1, 8, 9, 100, 1000)] == [8, 8, 16, 128, 256]
     assert slot_decode.slot_count(1000, 256, 4096) == 16, "the budget caps the slots"
     assert slot_decode.slot_count(5, 4096, 1024) == 8, "never below the smallest bucket"

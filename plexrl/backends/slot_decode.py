@@ -12,8 +12,9 @@ waiting row is prefilled and takes it at the next step boundary.
 2) A decode step runs every slot at once: choose each row's token from its logits (on the
    device), then one forward of the model over all slots, each writing its KV at its own
    position and attending over the whole static cache under its own mask.
-3) The host looks at the batch only every few steps (`SYNC_STEPS`, or sooner when a row reaches
-   its max_tokens): to collect finished rows, match stop strings (text needs the tokenizer) and
+3) The host looks at the batch only every few steps (`SYNC_STEPS`; `SYNC_STEPS_WAITING` while
+   rows wait for a slot, so that a row that stopped early gives its slot up sooner; or when a
+   row reaches its max_tokens): to collect finished rows, match stop strings (text needs the tokenizer) and
    admit waiting rows. Between looks no step reads anything back to the host, so on CUDA the
    steps queue without a host sync and each runs as the replay of a captured CUDA graph
    (`torch.cuda.CUDAGraph` of the eager step: the same kernels, so the same bits); the same step
@@ -58,12 +59,13 @@ from transformers.cache_utils import Cache, StaticLayer
 from plexrl import errors, types
 
 SLOT_BUCKETS = (8, 16, 32, 64, 128, 256)  # decode batch shapes; a row's result is the same in each
-CACHE_BUCKET = 64  # cache lengths are multiples of this (a row's own prompt + max_tokens, rounded up)
+CACHE_MIN = 16  # cache lengths are powers of two from this (a row's own prompt + max_tokens, rounded up)
 SYNC_STEPS = 8  # decode steps between two looks of the host at the batch
+SYNC_STEPS_WAITING = 2  # the same while rows wait for a slot (a row that stopped frees its slot sooner)
 PREFILL_BUCKET = 16  # prompts are prefilled right-padded to a multiple of this (of their own length)
 PREFILL_ROWS = 64  # prompts prefilled in one forward, at most
 PAD_TOKEN_ID = 0
-DEFAULT_KV_TOKENS = 256 * CACHE_BUCKET  # slots x cache length by default: 256 rows (vLLM's max_num_seqs) of the shortest length
+DEFAULT_KV_TOKENS = 256 * 64  # slots x cache length by default: 256 rows (vLLM's max_num_seqs) of 64 positions
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,12 @@ def kv_bytes_per_position(config, dtype: torch.dtype) -> int:
 
 
 def cache_len(positions: int, max_positions: int) -> int:
-    """The static cache length of a row needing `positions` positions: a multiple of
-    CACHE_BUCKET, at most the model's positions."""
-    return min(max_positions, -(-positions // CACHE_BUCKET) * CACHE_BUCKET)
+    """The static cache length of a row needing `positions` positions: the power of two from
+    CACHE_MIN that holds them (a slot wastes less than half), at most the model's positions."""
+    length = CACHE_MIN
+    while length < positions:
+        length *= 2
+    return min(max_positions, length)
 
 
 def slot_count(rows: int, length: int, kv_tokens: int) -> int:
@@ -426,10 +431,11 @@ def sample_group(model: torch.nn.Module, requests: Sequence[SampleRequest], indi
             row.slot = free.pop(0)
             batch.place(row, prefilled[row.request])
             running[row.slot] = row
-        # 2) decode until the next look: SYNC_STEPS, or the first row reaching its max_tokens
+        # 2) decode until the next look: SYNC_STEPS (SYNC_STEPS_WAITING while rows wait for a slot),
+        #    or the first row reaching its max_tokens
         generated = batch.generated.tolist()
         left = min(requests[r.request].params.max_tokens - generated[s] for s, r in running.items())
-        for _ in range(min(SYNC_STEPS, left)):
+        for _ in range(min(SYNC_STEPS_WAITING if waiting else SYNC_STEPS, left)):
             batch.step()
             steps += 1
         # 3) collect finished rows (stop tokens and max_tokens on the device, stop strings here)
