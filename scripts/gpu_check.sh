@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make gpu-check`: every check that needs a GPU, in one command, under 9 minutes on one H200
-# (the steps' deadlines sum to 460 s, the two probes' to 50 s).
+# `make gpu-check`: every check that needs a GPU, in one command, within 11 minutes on one H200
+# (the steps' deadlines sum to 610 s, the two probes' to 50 s).
 #   1) pytest -m cuda over every test file (tests/test_cuda.py: transparency on CUDA on the local
 #      and process engines, page-locked host buffers registered and unregistered, event-timed device
 #      time, budgets refused with clear errors, bf16 the auto precision with snapshots sampling and
@@ -18,7 +18,9 @@
 #      against the HF loop at a batch of 64 (target: >= 5x), and a vLLM state's switch-in (wake +
 #      weight push; target: < 1 s) —
 #      the vLLM part only when PLEXRL_VLLM_PYTHON names an environment with vLLM and a CUDA
-#      torch; else the HF figures alone and the reason it was skipped.
+#      torch; else the HF figures alone and the reason it was skipped; and batched sampling
+#      (captured CUDA graph steps) against the memory-bound limit measured in the same run, at a
+#      batch of 64 (target: batched_of_bound >= 0.4, issue #52; the sweep 1..256 in its log).
 # Figures go to $GPU_CHECK_OUT (default gpu-check/): figures.json (every figure with its command,
 # target and pass/fail/skipped), each step's log, command and exit status. Exits non-zero when a
 # step fails or a measured figure misses its target; a skipped figure fails nothing.
@@ -68,8 +70,8 @@ step pytest-cuda 140 "$PY" -m pytest -q -rs -m cuda tests
 step pytest-writeback 50 "$PY" -m pytest -q -rs tests/test_writeback.py
 step bench-switch 60 "$PY" -m plexrl.cli bench switch --device cuda --size-mb 512 --repeats 6 --rl-steps 2 --json
 step bench-prefetch 60 "$PY" -m plexrl.cli bench prefetch --device cuda --size-mb 512 --json
-step bench-sample 150 "$PY" -m plexrl.cli bench sample --device cuda --model-size 1b --samplers "$SAMPLERS" \
-    --repeats 2 --switches 6 --json
+step bench-sample 300 "$PY" -m plexrl.cli bench sample --device cuda --model-size 1b --samplers "$SAMPLERS" \
+    --repeats 2 --switches 6 --rollout none --json
 
 "$PY" - "$OUT" <<'PY' || status=1
 import json, operator, os, pathlib, sys, torch
@@ -78,7 +80,9 @@ import json, operator, os, pathlib, sys, torch
 FIGURES = [("switch_vs_pinned_copy", "bench-switch", "cuda_ratio", ">=", 0.8),
            ("prefetch_hidden_fraction", "bench-prefetch", "hidden_fraction", ">=", 0.5),
            ("vllm_vs_hf_decode", "bench-sample", "vllm_vs_hf", ">=", 5.0),
-           ("vllm_wake_push_s", "bench-sample", "vllm_switch_in_s", "<", 1.0)]
+           ("vllm_wake_push_s", "bench-sample", "vllm_switch_in_s", "<", 1.0),
+           # issue #52: batched decode (captured CUDA graph steps) at batch 64 vs the measured memory-bound limit
+           ("batched_decode_of_bound", "bench-sample", "batched_of_bound", ">=", 0.4)]
 COMPARE = {">=": operator.ge, "<": operator.lt}
 out = pathlib.Path(sys.argv[1])
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from plexrl.cli import main
 from tests.test_vllm import needs_vllm
 
@@ -37,7 +39,7 @@ def test_bench_prefetch_json(capsys):
 
 
 SAMPLE_SMALL = ["bench", "sample", "--json", "--batch", "4", "--max-tokens", "8", "--prompt-tokens", "4",
-                "--repeats", "1"]
+                "--repeats", "1", "--sweep", "1,8", "--rollout", "4x2x4"]
 
 
 def check_sample_budget(out: dict) -> None:
@@ -55,6 +57,13 @@ def test_bench_sample_json_hf(capsys):
     assert out["vllm_skipped"] == "not asked for (--samplers hf)" and "vllm_vs_hf" not in out
     assert out["budget_engine_bytes"] == 0
     check_sample_budget(out)
+    assert [row["batch"] for row in out["sweep"]] == [1, 8] and out["copy_bandwidth_gbps"] > 0
+    for row in out["sweep"]:
+        assert min(row["loop_tokens_per_s"], row["batched_tokens_per_s"], row["bound_tokens_per_s"]) > 0
+        assert row["batched_of_bound"] == row["batched_tokens_per_s"] / row["bound_tokens_per_s"]
+    assert out["rollout"] == "4x2x4" and out["rollout_pairs"] == 1
+    ratio = out["rollout_batched_tokens_per_s"] / out["rollout_loop_tokens_per_s"]
+    assert out["rollout_batched_vs_loop"] == pytest.approx(ratio, rel=1e-9), "one pair: the ratio of its rates"
 
 
 @needs_vllm

@@ -7,6 +7,7 @@ Hugging Face sampler on the same weights (the reference):
   token ids and stop strings ending sequences where the HF sampler ends them;
 - weight pushes: after training steps, a vLLM snapshot gives its trainer's current weights' results;
 - one engine per (device, base model): two jobs' snapshots alternating on it each get their own;
+- calls the node coalesces go to the engine as one request, each with the HF sampler's result;
 - a multiplexed RL job on vLLM gets the rewards (and weights) of the same job alone;
 - sleep/wake, GPU-only, are skipped on CPU with the reason, and the engine goes on serving;
 - a bf16 state's push reads its host buffer as bfloat16 (the engine converts to its own dtype).
@@ -183,6 +184,35 @@ def test_sampled_logprobs_are_the_tempered_model_logprobs(cluster, model_dir, te
             logits = model(input_ids=ids).logits[0, len(start) - 1:-1].float() / temperature
         reference = torch.log_softmax(logits, -1).gather(-1, ids[0, len(start):, None]).squeeze(-1)
         np.testing.assert_allclose(seq.logprobs, reference.tolist(), atol=TOL, rtol=0)
+
+
+@needs_vllm
+def test_a_coalesced_batch_goes_to_the_engine_at_once_with_the_hf_results(cluster, model_dir):
+    """Greedy samples of several prompts and a log-prob call, queued while the device is held:
+    one device call (their starts share one time), the samples in one engine request, each result
+    the HF sampler's."""
+    service = cluster.service_client(job="coalesced")
+    hf = service.create_sampling_client(model_dir, name="hf")
+    vllm = service.create_sampling_client(model_dir, name="vllm", sampler="vllm")
+    params = plexrl.SamplingParams(max_tokens=8, temperature=0.0)
+    prompts = [prompt(5, 6, 7 + i) for i in range(4)]
+    vllm.compute_logprobs(prompts[0]).result(TIMEOUT)  # resident: the held device then runs only the batch
+    node = cluster.nodes[0].target
+    with node.changed:
+        node.group.hold([0])
+    try:
+        skip = len(cluster.events())
+        futures = [vllm.sample(p, 2, params) for p in prompts] + [vllm.compute_logprobs(prompts[1])]
+    finally:
+        with node.changed:
+            node.group.hold([0], held=False)
+    got = [f.result(TIMEOUT) for f in futures]
+    starts = [e for e in cluster.events()[skip:] if e["event"] == "start" and e["model"] == vllm.state.state_id]
+    assert len(starts) == 5 and len({e["t"] for e in starts}) == 1, "one device call for the five"
+    for p, sampled in zip(prompts, got):
+        assert_same(hf.sample(p, 2, params).result(TIMEOUT), sampled, f"prompt {p.to_ints()}")
+    np.testing.assert_allclose(got[-1][1:], hf.compute_logprobs(prompts[1]).result(TIMEOUT)[1:], atol=TOL, rtol=0)
+    service.close()
 
 
 # ---------------------------------------------------------------------------- weights and switches

@@ -5,7 +5,8 @@ the model's tensors live; this module only runs it. Conventions are Tinker's:
 - a datum's `loss_fn_inputs` each have the length of its `model_input`, and `target_tokens[t]` is
   the token that follows input position t;
 - losses are sums over tokens (see backends/losses.py);
-- `sample` returns each sequence's tokens, their log-probs and a stop reason.
+- `sample` returns each sequence's tokens, their log-probs and a stop reason; `sample_batch`
+  decodes many requests at once, each row bitwise as it would be alone (slot_decode.py).
 Inputs are checked with plexrl/api/validation.py, the checks a job's client already ran, so a
 direct call fails the same way as one through a cluster.
 
@@ -17,8 +18,9 @@ Invariants:
   `torch.autocast`, the backward outside it (gradients land in the parameters' own dtype, float32
   master weights get float32 gradients); log-probs are computed in float32 whatever the model's
   dtype. Without it, the model runs in its parameters' dtype.
-- Nothing reads or changes global state: no global RNG (sampling draws from a per-call
-  `torch.Generator` seeded by the caller), no `model.train()`/`eval()` switch, no default dtype.
+- Nothing reads or changes global state: no global RNG (sampling draws from a hash of the
+  caller's seed, slot_decode.py), no `model.train()`/`eval()` switch, no default dtype; `sample`
+  runs the model with eager attention and puts its attention setting back when it returns.
   Same weights + same arguments (seed included) -> same result, whatever else runs in the process.
 - A datum's results do not depend on the other datums of its batch beyond float noise: batches
   are right-padded, so with causal attention real positions never see a pad.
@@ -44,7 +46,7 @@ from transformers import DynamicCache
 
 from plexrl import errors, types
 from plexrl.api import validation
-from plexrl.backends import losses
+from plexrl.backends import losses, slot_decode
 from plexrl.types import Datum
 
 CustomLoss = Callable[[list[Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -365,11 +367,59 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def sample_request(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
+                   params: types.SamplingParams, *, seed: int, stop_token_ids: Sequence[int] = (),
+                   max_positions: int | None = None, decode: Decode | None = None,
+                   include_prompt_logprobs: bool = False) -> slot_decode.SampleRequest:
+    """One checked request for `sample_batch` (what `sample` takes, as data)."""
+    prompt = [int(t) for t in prompt]
+    vocab_size, max_positions = model_limits(model, max_positions)
+    validation.check_sample_request(prompt, num_samples, params, vocab_size, max_positions)
+    stop = StopRule.of(params.stop, stop_token_ids, decode)
+    return slot_decode.SampleRequest(tuple(prompt), int(num_samples), params, int(seed), stop.token_ids,
+                                     stop.strings, stop.decode, bool(include_prompt_logprobs))
+
+
+def sample_batch(model: torch.nn.Module, requests: Sequence[slot_decode.SampleRequest], *,
+                 max_positions: int | None = None, autocast: torch.dtype | None = None,
+                 kv_tokens: int = slot_decode.DEFAULT_KV_TOKENS, graph: bool | None = None
+                 ) -> tuple[list[types.SampleResponse], slot_decode.DecodeStats]:
+    """Every request's response, all decoded together in one batch (backends/slot_decode.py);
+    each is what `sample` alone gives it, bit for bit. `graph`: decode steps as captured CUDA
+    graphs (None: on CUDA, eager elsewhere)."""
+    _, max_positions = model_limits(model, max_positions)
+    with mixed(model, autocast):
+        return slot_decode.sample_many(model, requests, max_positions=max_positions, kv_tokens=kv_tokens,
+                                       graph=graph)
+
+
 def sample(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
            params: types.SamplingParams, *, seed: int, stop_token_ids: Sequence[int] = (),
            max_positions: int | None = None, decode: Decode | None = None,
+           include_prompt_logprobs: bool = False, autocast: torch.dtype | None = None,
+           kv_tokens: int = slot_decode.DEFAULT_KV_TOKENS) -> types.SampleResponse:
+    """`num_samples` continuations of `prompt`: a batch of one request (`sample_batch`).
+
+    Randomness comes only from `seed` (the caller picks it, e.g. from `params.seed`), through a
+    counter-based hash of (seed, sample index, step). Stops: `params.stop` (token ids, or strings
+    when `decode` maps token ids to text) and `stop_token_ids`; a stopped sequence ends with its
+    stop token.
+    """
+    request = sample_request(model, prompt, num_samples, params, seed=seed, stop_token_ids=stop_token_ids,
+                             max_positions=max_positions, decode=decode,
+                             include_prompt_logprobs=include_prompt_logprobs)
+    responses, _ = sample_batch(model, [request], max_positions=max_positions, autocast=autocast,
+                                kv_tokens=kv_tokens)
+    return responses[0]
+
+
+def sample_eager(model: torch.nn.Module, prompt: Sequence[int], num_samples: int,
+           params: types.SamplingParams, *, seed: int, stop_token_ids: Sequence[int] = (),
+           max_positions: int | None = None, decode: Decode | None = None,
            include_prompt_logprobs: bool = False, autocast: torch.dtype | None = None) -> types.SampleResponse:
-    """`num_samples` continuations of `prompt`, decoded together with a KV cache.
+    """`num_samples` continuations of `prompt`, decoded together with a KV cache, one Python step
+    and one host sync per token: the loop `sample` ran before batched decoding (slot_decode.py),
+    kept as its reference (tests) and as the baseline of `plexrl bench sample`.
 
     Randomness comes only from a `torch.Generator` seeded with `seed` (the caller picks it,
     e.g. from `params.seed`). Stops: `params.stop` (token ids, or strings when `decode` maps

@@ -1,5 +1,14 @@
-"""`plexrl bench sample`: rollout decode throughput of the vLLM sampler against the Hugging Face
-loop, and a vLLM state's switch timings, through the real runtime (a LocalCluster of one device).
+"""`plexrl bench sample`: decode throughput of batched sampling against today's loop and the
+memory-bound limit, the vLLM sampler against the Hugging Face path, and a vLLM state's switch
+timings.
+
+0) in this process, no cluster (bench/decode_sweep.py): tokens/s against live batch size
+   (`--sweep`, 1 to 256) of the one-request loop and of batched sampling (a captured graph per
+   step on CUDA), each beside the memory-bound limit measured in the same run (a device-to-device
+   copy's bandwidth over the bytes a decode step reads); and a rollout A/B on the demo's model
+   (`--rollout`, default 64 prompts x 8 samples x 32 tokens): one call per prompt one after the
+   other, as today's loop, against one batched call.
+Then through the real runtime (a LocalCluster of one device):
 
 A Llama built from a config (`--model-size tiny|1b`, or sizes from flags; random weights, a char
 vocabulary, no EOS so every sequence decodes all its tokens: the HF loop decodes stopped rows
@@ -25,8 +34,8 @@ once here and passed on), the vLLM engine's share (vllm_sampler.engine_share_byt
 gpu_memory_utilization of the device) and one and a half states; `budget_*` is the split the
 cluster reports (`metrics()["device_budget"]`).
 
-Out of scope: continuous batching across requests (one request at a time here), CUDA graphs (the
-engine runs eager), prompts of more than one distinct sequence.
+Out of scope: vLLM in the sweep (it runs at `--batch` only), prompts of more than one distinct
+sequence in the runtime part.
 """
 
 from __future__ import annotations
@@ -130,6 +139,31 @@ def sleep_outcome(cluster) -> str:
     return skipped[0] if skipped else "level 2"
 
 
+def table(result: dict) -> None:
+    """The sweep as its own table, then every other figure."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if result.get("sweep"):
+        sweep = Table(title=f"decode tokens/s by live batch ({'graph' if result['graph'] else 'eager'} steps; bound: "
+                            f"{result['copy_bandwidth_gbps']:.1f} GB/s copy bandwidth over the bytes a step reads)")
+        for column in ("batch", "loop", "batched", "bound", "loop/bound", "batched/bound", "batched/loop"):
+            sweep.add_column(column, justify="right")
+        for row in result["sweep"]:
+            sweep.add_row(str(row["batch"]), *(f"{row[k]:,.0f}" for k in ("loop_tokens_per_s", "batched_tokens_per_s",
+                                                                           "bound_tokens_per_s")),
+                          *(f"{row[k]:.3g}" for k in ("loop_of_bound", "batched_of_bound", "batched_vs_loop")))
+        console.print(sweep)
+    figures = Table(title="sample")
+    figures.add_column("figure")
+    figures.add_column("value", justify="right")
+    for key, value in result.items():
+        if key != "sweep":
+            figures.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(figures)
+
+
 def run(args) -> dict:
     import plexrl
     from plexrl.engines.local import LocalCluster
@@ -151,6 +185,8 @@ def run(args) -> dict:
         # 1) the model, and a budget sized from it
         model = build_model(f"{folder}/model", hidden, layers, heads, intermediate, positions)
         result["parameters"] = parameter_count(model)
+        # 0) the decode sweep and the rollout A/B, outside the runtime
+        result.update(decode_figures(args, model, folder))
         state_bytes = per_weight * result["parameters"]
         budget, reserve = device_budget(model, tokens, args.device, state_bytes, skipped is None)
         # prefetch off: each switch-in is a load planned before its call, not one hidden behind the last call
@@ -187,6 +223,58 @@ def run(args) -> dict:
     return result
 
 
+def decode_figures(args, model: Path, folder: str) -> dict:
+    """The sweep (on the bench's model) and the rollout A/B (on the demo's model): decode_sweep.py."""
+    import torch
+
+    from plexrl.bench import decode_sweep
+    from plexrl.models.tiny import make_tiny_model
+    from plexrl.runtime import precision as precisions
+    from plexrl.runtime.state import load_module
+
+    device = "cuda" if args.device == "cuda" else "cpu"
+    dtype = precisions.state_dtypes(precisions.resolve(args.precision, args.device), False, None)[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        out = {"copy_bandwidth_gbps": decode_sweep.copy_bandwidth(device) / 1e9, "graph": device == "cuda"}
+        if args.sweep:
+            module = load_module(model).to(device=device, dtype=dtype)
+            out["sweep"] = decode_sweep.sweep(module, device, args.sweep, args.prompt_tokens, args.max_tokens,
+                                              args.repeats, out["graph"], out["copy_bandwidth_gbps"] * 1e9)
+            at_batch = [row for row in out["sweep"] if row["batch"] == args.batch]  # gpu-check's figure
+            if at_batch:
+                out.update({key: at_batch[0][key] for key in ("batched_tokens_per_s", "bound_tokens_per_s",
+                                                               "batched_of_bound")})
+        if args.rollout:
+            prompts, samples, tokens = args.rollout
+            demo = load_module(make_tiny_model(f"{folder}/demo-model")).to(device=device, dtype=dtype)
+            out.update(decode_sweep.rollout(demo, device, prompts, samples, args.prompt_tokens, tokens, out["graph"],
+                                            args.repeats))
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def batch_sizes(text: str) -> list[int]:
+    sizes = [int(part) for part in text.split(",") if part.strip()]
+    if any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}; expected comma-separated batch sizes >= 1, e.g. 1,8,64")
+    return sizes
+
+
+def rollout_shape(text: str) -> tuple[int, int, int] | None:
+    if text in ("", "none"):
+        return None
+    try:
+        shape = tuple(int(part) for part in text.split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}; expected PROMPTSxSAMPLESxTOKENS such as 64x8x32, or none")
+    return shape
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="plexrl bench sample", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,6 +294,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--threads", type=int, default=1, help="a CPU device's threads (its vLLM engine's too)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                         help="of the states (auto: bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--sweep", type=batch_sizes, default=batch_sizes("1,4,16,64,256"),
+                        help="live batch sizes of the loop/batched/bound sweep ('' skips it)")
+    parser.add_argument("--rollout", type=rollout_shape, default=rollout_shape("64x8x32"),
+                        help="PROMPTSxSAMPLESxTOKENS of the rollout A/B on the demo's model, or none")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.samplers.split(",")) - set(SAMPLERS) - {""})
@@ -218,6 +310,6 @@ def main(argv: list[str]) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but no CUDA device is available; use cpu")
-    emit("sample: decode tokens/s of vLLM vs the HF loop, and a vLLM state's switch-in (wake + push) and "
-         "switch-out", run(args), args.json)
+    emit("sample: decode tokens/s of batched sampling vs the loop and the memory-bound limit, vLLM vs HF, and a "
+         "vLLM state's switch-in (wake + push) and switch-out", run(args), args.json, table)
     return 0

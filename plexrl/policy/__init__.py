@@ -7,6 +7,7 @@ clock, no torch or ray: time is an argument and randomness an injected generator
 
 from plexrl.policy.accounting import JobUsage, Ledger
 from plexrl.policy.admission import MEASURED_STEPS, Admission, AdmissionQueue, Forecast, Waiting, measured_inflation
+from plexrl.policy.decode import DecodeEstimator, DecodeModel
 from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
 from plexrl.policy.group_queue import GroupQueue, Head
 from plexrl.policy.horizon import Horizon
@@ -28,7 +29,7 @@ from plexrl.policy.transitions import choose_window, plan_host_room, plan_load, 
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
 __all__ = [
-    "MEASURED_STEPS", "Admission", "AdmissionQueue", "BandwidthEstimator", "ExecEstimator", "Ewma", "FirstFit",
+    "MEASURED_STEPS", "Admission", "AdmissionQueue", "BandwidthEstimator", "DecodeEstimator", "DecodeModel", "ExecEstimator", "Ewma", "FirstFit",
     "Forecast", "GroupQueue", "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
     "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "StepClock", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",

@@ -71,6 +71,10 @@ class GroupQueue(Generic[T]):
         fifo = self._fifos.get(state_id)
         return fifo[1] if fifo is not None and len(fifo) > 1 else None
 
+    def queued(self, state_id: str) -> list[T]:
+        """The state's items in push order, its head first."""
+        return list(self._fifos.get(state_id, ()))
+
     def phase(self, state_id: str) -> Head | None:
         return self._head.get(state_id)
 

@@ -71,11 +71,56 @@ class Function:
         return self.writes | self.zeroes, frozenset()
 
 
-def _sample(s: ModelState, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs):
+def _sample(s: ModelState, **payload):
+    responses, _ = execution.sample_batch(s.module, [_sample_request(s, **payload)], autocast=s.autocast)
+    return responses[0]
+
+
+def _sample_request(s: ModelState, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs):
     strings = params.stop is not None and any(isinstance(stop, str) for stop in params.stop)
-    return execution.sample(s.module, tokens, num_samples, params, seed=seed, stop_token_ids=stop_ids,
-                            include_prompt_logprobs=include_prompt_logprobs,
-                            decode=decoder(s.source) if strings else None, autocast=s.autocast)
+    return execution.sample_request(s.module, tokens, num_samples, params, seed=seed, stop_token_ids=stop_ids,
+                                    include_prompt_logprobs=include_prompt_logprobs,
+                                    decode=decoder(s.source) if strings else None)
+
+
+BATCHED = ("sample", "compute_logprobs")  # the calls a node coalesces into one device call (`sample_batch`)
+
+
+@dataclass(frozen=True)
+class BatchReply:
+    """What one coalesced call gives each of its calls: `outcomes[i]` is (result, None) or (None,
+    the call's own error); `tokens[i]` the tokens it computed (prompt + sampled), by which the
+    call's device time is shared; `stats` what the decode did (slot_decode.DecodeStats; None
+    from a vLLM engine, whose steps are its own)."""
+
+    outcomes: list[tuple[Any, BaseException | None]]
+    tokens: list[int]
+    stats: Any
+
+
+def _sample_batch(s: ModelState, calls: list[tuple[str, dict]], kv_tokens: int) -> BatchReply:
+    """`calls` (each `sample` or `compute_logprobs` with its payload) in one device call: every
+    sample's rows decoded together (execution.sample_batch) in a slot cache of at most
+    `kv_tokens` positions, each log-prob call on its own (its shape is its own, so its result is
+    as alone). A call whose input is bad fails alone."""
+    outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
+    tokens = [0] * len(calls)
+    requests, positions = [], []
+    for i, (fn, payload) in enumerate(calls):
+        try:
+            if fn == "sample":
+                requests.append(_sample_request(s, **payload))
+                positions.append(i)
+            else:
+                outcomes[i] = (execute(fn, s, payload), None)
+                tokens[i] = len(payload["tokens"])
+        except Exception as exc:  # the caller's own error, delivered to it alone
+            outcomes[i] = (None, exc)
+    responses, stats = execution.sample_batch(s.module, requests, autocast=s.autocast, kv_tokens=kv_tokens)
+    for i, request, response, sampled in zip(positions, requests, responses, stats.tokens):
+        outcomes[i] = (response, None)
+        tokens[i] = len(request.prompt) + sampled
+    return BatchReply(outcomes, tokens, stats)
 
 
 @functools.lru_cache(maxsize=16)
@@ -112,6 +157,7 @@ def _read_weights(s: ModelState):
 
 FUNCTIONS: dict[str, Function] = {
     "sample": Function(_sample),
+    "sample_batch": Function(_sample_batch),  # calls of BATCHED the node coalesced (node.py)
     "compute_logprobs": Function(lambda s, tokens: execution.compute_logprobs(s.module, tokens, autocast=s.autocast)),
     "forward_backward": Function(_forward_backward, writes=frozenset({Segment.GRADS})),
     "forward": Function(_forward_backward),

@@ -23,6 +23,11 @@ model, a first vLLM snapshot), `_fit_arenas` holds the devices between calls, dr
 copies and has the workers let their arenas go, to be allocated at the smaller size. Arenas grow
 back only when a model is next added (removing one never waits for the devices).
 
+A batched call (scheduler.py `_coalesce`: a state's queued sample and compute_logprobs calls in
+one device call) resolves each of its calls with its own result or error; its device time is
+shared among them by tokens (each job's account is charged its calls' shares), and its `batch`
+event (decode steps, live row-steps, prompt tokens, device seconds) refits the decode model.
+
 Calls arrive as `Call`s numbered per (front, model); they enter the group's queue in that order
 whatever order the transport delivers them in (calls of one model from one front run in order).
 """
@@ -80,6 +85,15 @@ class Synced:
 
     snapshot: StateHandle
     name: str
+
+
+def shares(result: Any, calls: int) -> list[float]:
+    """Each of a device call's `calls` calls' share of its time: by tokens when its `result` is a
+    batched call's (functions.BatchReply) that computed any, else equal parts."""
+    total = sum(result.tokens) if isinstance(result, functions.BatchReply) else 0
+    if not total:
+        return [1.0 / calls] * calls
+    return [tokens / total for tokens in result.tokens]
 
 
 class Node:
@@ -324,8 +338,13 @@ class Node:
         """Run `request` on `device` (its `plan`'s steps first) and, overlapping it, the `prefetch`
         plan's load of the state the device is likely to run next (scheduler.py)."""
         dispatched = self.telemetry.now()
-        self.telemetry.waited(request.job, dispatched - request.arrival_s)
-        self._emit(dispatched, "dispatch", request, device, switch=plan.is_switch)
+        for call in request.calls:
+            self.telemetry.waited(call.job, dispatched - call.arrival_s)
+            self._emit(dispatched, "dispatch", call, device, switch=plan.is_switch)
+        fn, payload = request.fn, request.payload
+        if request.batch is not None:  # calls coalesced by the scheduler: one device call (functions.py)
+            fn, payload = "sample_batch", {"calls": [(call.fn, call.payload) for call in request.calls],
+                                           "kv_tokens": self.sm.decode_positions(request.state_id)}
         result, error, timing = None, None, {}
         try:
             self._check_not_torn(request)  # it may have been torn while this call waited
@@ -335,7 +354,7 @@ class Node:
             ahead = list(self.sm.device_steps(prefetch)) if prefetch is not None else []
             sent = self.telemetry.now()  # the worker's steps start after the offloads elsewhere
             reply: WorkerReply = remote.get(self.workers[device].run.remote(
-                worker_steps, request.fn, request.payload, request.state_id, [self._worker_step(t) for t in ahead]))
+                worker_steps, fn, payload, request.state_id, [self._worker_step(t) for t in ahead]))
             self._book(steps, reply, request, device, sent, ahead, let_go)
             timing = {"wall_s": reply.wall_s, "device_s": reply.device_s}
             result, error = reply.result, reply.error
@@ -371,17 +390,28 @@ class Node:
     def _finish(self, request: Request, plan: LoadPlan, device: int | None, result: Any,
                 error: BaseException | None, timing: dict) -> None:
         """Book the end, free the state and the queue head, then resolve: a caller that sees the
-        result also sees the node's bookkeeping done."""
-        if error is not None:
-            error = as_user_error(getattr(error, "cause", None) or error, request)
-            self.telemetry.failed(request.job)
-        self._emit(self.telemetry.now(), "end", request, device, ok=error is None, **timing)
+        result also sees the node's bookkeeping done. A batched call resolves each of its calls
+        with its own outcome, and its timing shared out by tokens; if the device call itself
+        failed, every one of them fails with it."""
+        outcomes = [(result, error)]
+        if request.batch is not None:
+            outcomes = result.outcomes if error is None else [(None, error)] * len(request.calls)
+        weights = shares(result if error is None else None, len(request.calls))
+        resolved = []
+        for call, (value, failure), share in zip(request.calls, outcomes, weights):
+            if failure is not None:
+                failure = as_user_error(getattr(failure, "cause", None) or failure, call)
+                self.telemetry.failed(call.job)
+            self._emit(self.telemetry.now(), "end", call, device, ok=failure is None,
+                       **{key: seconds * share for key, seconds in timing.items()})
+            resolved.append((call, value, failure))
         self._release(plan)
-        self.group.complete(request, error)
-        if error is not None:
-            request.future.set_exception(error)
-        else:
-            request.future.set_result(result)
+        self.group.complete(request, resolved[0][2])
+        for call, value, failure in resolved:
+            if failure is not None:
+                call.future.set_exception(failure)
+            else:
+                call.future.set_result(value)
 
     def _run_on_node(self, request: Request, state: ModelState) -> Any:
         if request.fn == "sync_weights":
@@ -479,7 +509,8 @@ class Node:
             else:
                 self._record(t, request.job, seconds, start)
             start += seconds
-        self._emit(start, "start", request, device)
+        for call in request.calls:
+            self._emit(start, "start", call, device)
         if reply.prefetch_s:  # charged to the job it was for; its load only for the part the function did not hide
             job = self.sm.states[ahead[-1].state_id].job
             at = start
@@ -490,8 +521,16 @@ class Node:
             self.telemetry.prefetched(ahead[-1].bytes, reply.prefetch_s[-1], reply.prefetch_exposed_s)
         state = self.sm.states[request.state_id]
         state.adam_step = reply.adam_step
-        self.telemetry.executed(request.job, self.sm.primary_of(request.state_id), request.fn, device, reply.device_s,
-                                reply.wall_s)
+        for call, share in zip(request.calls, shares(reply.result, len(request.calls))):
+            self.telemetry.executed(call.job, self.sm.primary_of(request.state_id), call.fn, device,
+                                    reply.device_s * share, reply.wall_s * share)
+        if isinstance(reply.result, functions.BatchReply) and reply.result.stats is not None:  # fits the decode model
+            stats = reply.result.stats
+            self.telemetry.decoded(self.sm.primary_of(request.state_id), stats.steps, stats.row_steps,
+                                   stats.prefill_tokens, reply.device_s)
+            self._emit(start, "batch", request, device, calls=len(request.calls), steps=stats.steps,
+                       row_steps=stats.row_steps, prefill_tokens=stats.prefill_tokens, slots=list(stats.slots),
+                       device_s=reply.device_s, wall_s=reply.wall_s)
         if request.function.mutates:  # the write-through is a host snapshot: charged like a materialization
             write = Transition(TransitionKind.MATERIALIZE, request.state_id, reply.writeback_bytes)
             self.telemetry.transition(write, request.job, reply.writeback_bytes, reply.writeback_s, self.node,

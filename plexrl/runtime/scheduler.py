@@ -20,7 +20,14 @@ state's other calls wait in its FIFO for the next free replica or their turn. Su
 pure functions of the weights and their payload (a sample carries its seed), so the order they
 run in changes no result.
 
-Invariants: at most one request per model state is in flight; every submitted request is
+Batched sampling (`_coalesce`): when a device takes a `sample` or `compute_logprobs` head, the calls of those two kinds queued right behind it join its
+device call (`Request.batch`; the node runs them as `sample_batch`, functions.py), up to the KV
+positions the device's activation reserve holds (StateManager.decode_positions). Calls arriving
+while it runs join the next one. A sample head's E_i is the decode model's estimate of that batch
+(policy/decode.py, fitted to the state's batched calls: `_estimate`).
+
+Invariants: at most one request per model state is in flight (a batch is one request: its
+head, carrying the calls coalesced with it); every submitted request is
 completed or failed exactly once, also when the cluster closes (its future gets ClusterClosed).
 """
 
@@ -33,7 +40,8 @@ from typing import Any, Callable
 from plexrl.api import errors
 from plexrl.api.futures import APIFuture
 from plexrl.policy import GroupQueue, Head, LoadPlan, NoFit, Policy, StepClock, Tier, TransitionKind, choose, offload_estimate
-from plexrl.runtime.functions import FUNCTIONS, Function
+from plexrl.backends import slot_decode
+from plexrl.runtime.functions import BATCHED, FUNCTIONS, Function
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
 from plexrl.runtime.threads import ServicePool
@@ -53,10 +61,27 @@ class Request:
     future: APIFuture
     arrival_s: float
     seq: int = 0
+    batch: list[Request] | None = None  # a batched call (`sample_batch`): the calls coalesced behind it
 
     @property
     def function(self) -> Function:
         return FUNCTIONS[self.fn]
+
+    @property
+    def calls(self) -> list[Request]:
+        """Every call its device call runs: itself, then the ones coalesced with it."""
+        return [self, *(self.batch or ())]
+
+    def positions(self) -> int | None:
+        """The KV-cache positions it takes in a batched call (sample: every row's prompt +
+        max_tokens); None when it is no call of BATCHED with a payload as a client builds it
+        (then it runs alone, and fails there if its payload is bad)."""
+        try:
+            if self.fn == "sample":
+                return self.payload["num_samples"] * (len(self.payload["tokens"]) + self.payload["params"].max_tokens)
+            return len(self.payload["tokens"]) if self.fn == "compute_logprobs" else None
+        except (KeyError, TypeError, AttributeError):
+            return None
 
 
 class GroupScheduler:
@@ -199,13 +224,36 @@ class GroupScheduler:
         self._queue.make_ready(
             request.state_id,
             arrival=request.arrival_s,
-            est=self.telemetry.estimate(self.sm.primary_of(request.state_id), request.fn),
+            est=self._estimate(request),
             load_s=self.telemetry.transfer_seconds("load", state.device_bytes),
             resident_on=state.device if state.tier is Tier.DEVICE else -1,
             seq=request.seq,
             nbytes=state.device_bytes,
             deadline=tracked.deadline(now),
         )
+
+    def _estimate(self, head: Request) -> float:
+        """E_i of a head: for a sample call on an HF state, the decode model (policy/decode.py,
+        fitted to the state's batched calls) of the batch `_coalesce` would make of it and the
+        sample calls queued behind it now; else, and until the model is fitted, the running
+        average of the function's measured times."""
+        primary = self.sm.primary_of(head.state_id)
+        fallback = self.telemetry.estimate(primary, head.fn)
+        if head.fn != "sample" or self.sm.states[head.state_id].sampler != "hf" or head.positions() is None:
+            return fallback
+        rows, budget = [], self.sm.decode_positions(head.state_id)
+        used = 0
+        for call in self._queue.queued(head.state_id):
+            positions = call.positions()
+            if call.fn != "sample" or positions is None or (rows and used + positions > budget):
+                break
+            used += positions
+            rows.append((call.payload["num_samples"], len(call.payload["tokens"]), call.payload["params"].max_tokens))
+        positions = self.sm.states[head.state_id].module.config.max_position_embeddings
+        length = slot_decode.cache_len(max(prompt + tokens for _, prompt, tokens in rows), positions)
+        slots = slot_decode.slot_count(sum(n for n, _, _ in rows), length, budget)
+        estimate = self.telemetry.decode_estimate(primary, rows, slots)
+        return fallback if estimate is None else estimate
 
     # -- dispatch ---------------------------------------------------------------------------------
     def next_for(self, device: int) -> tuple[Request, LoadPlan, LoadPlan | None] | None:
@@ -260,11 +308,33 @@ class GroupScheduler:
                 continue
             request = self._queue.dispatch(state_id)
             self._job(request.job).move(request, self.telemetry.now(), Head.RUNNING)
+            self._coalesce(request)
             for t in plan.transitions:  # keep the candidates' residency right for the states this plan moves
                 if t.state_id in ready:
                     ready.set_resident(t.state_id, -1)
             return request, plan, self._plan_prefetch(device, plan)
         return None
+
+    def _coalesce(self, head: Request) -> None:
+        """Under the lock: move the calls queued right behind a dispatched `sample` or
+        `compute_logprobs` head that are such calls too into its device call (`head.batch`), while
+        their KV positions fit the decode budget (StateManager.decode_positions: what the activation
+        reserve holds; the head goes whatever its size). Only calls of one state share a call: one set of weights, one
+        job. Such calls are pure functions of the weights and their payload (a sample carries its
+        seed, and a row's result does not depend on its batch), so running them together changes
+        no result (a vLLM state's engine gets the batch's samples in one request). Calls that arrive
+        while the batch runs go into the next one."""
+        used = head.positions()
+        if used is None:
+            return
+        head.batch = []
+        budget = self.sm.decode_positions(head.state_id)
+        while (following := self._queue.next(head.state_id)) is not None:
+            positions = following.positions()
+            if positions is None or used + positions > budget:
+                return
+            used += positions
+            head.batch.append(self._queue.take_next(head.state_id))
 
     def _plan_prefetch(self, device: int, running: LoadPlan) -> LoadPlan | None:
         """The load of what the policy would pick next for `device`, to run while `running` does

@@ -20,6 +20,7 @@ on the switch path (docs/design.md §4).
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,12 +200,15 @@ def skeleton_like(module: torch.nn.Module) -> torch.nn.Module:
     """A second module of the same architecture whose parameters hold no memory yet.
 
     Built on the meta device (no initialisation cost); buffers such as rotary frequencies are
-    copied from `module` because `to_empty` leaves them uninitialised.
+    copied from `module` because `to_empty` leaves them uninitialised. It has its own copy of the
+    config (transformers' `from_config` would share the object): a batched sample switches its
+    module's attention to eager for the call (backends/slot_decode.py), which must not reach a
+    call of another module running meanwhile (a worker's activation probe, on another thread).
     """
     from transformers import AutoModelForCausalLM
 
     with MODEL_BUILD, torch.device("meta"):
-        twin = AutoModelForCausalLM.from_config(module.config, dtype=torch.float32)
+        twin = AutoModelForCausalLM.from_config(copy.deepcopy(module.config), dtype=torch.float32)
     twin.to_empty(device="cpu")
     source_buffers = dict(module.named_buffers())
     for name, buffer in twin.named_buffers():

@@ -53,6 +53,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from plexrl.api import errors
+from plexrl.backends import slot_decode
 from plexrl.policy import (
     LoadPlan,
     NoFit,
@@ -170,6 +171,15 @@ class StateManager:
 
     def budget(self) -> int:
         return min(a.budget_bytes for a in self.arenas.values())
+
+    def decode_positions(self, state_id: str) -> int:
+        """The KV-cache positions a batched sample of the state may hold on a device: the activation
+        reserve every device keeps (one function runs at a time, and its slot cache is the bulk of
+        a decode's memory) over the bytes of one position of the state's model at the dtype it
+        computes in."""
+        state = self.states[state_id]
+        dtype = state.autocast or state.dtype
+        return self.beside().reserve_bytes // slot_decode.kv_bytes_per_position(state.module.config, dtype)
 
     def arena_bytes(self, adding: ModelState | None = None) -> int:
         """The bytes states may use on each device: the budget less what is kept beside them."""

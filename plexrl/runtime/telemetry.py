@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from plexrl.policy import BandwidthEstimator, ExecEstimator, Ledger, Transition
+from plexrl.policy import BandwidthEstimator, DecodeEstimator, ExecEstimator, Ledger, Transition
 from plexrl.runtime.events import EventLog
 
 
@@ -23,6 +23,7 @@ class Telemetry:
         self.ledger = Ledger()
         self.bandwidth = BandwidthEstimator(bandwidth_prior)
         self.exec_estimates = ExecEstimator(exec_prior_s)
+        self.decode_estimates = DecodeEstimator()  # per model, from its batched sample calls
         self.writeback = {"writebacks": 0, "writeback_bytes": 0, "writeback_zeroed_bytes": 0, "writeback_s": 0.0}
         self.prefetch = {"prefetches": 0, "prefetch_bytes": 0, "prefetch_s": 0.0, "prefetch_exposed_s": 0.0}
         self._lock = threading.Lock()
@@ -54,6 +55,11 @@ class Telemetry:
                 self.ledger.charge_exec(job, device, seconds, wall_seconds)
             self.exec_estimates.observe(model, fn, seconds)
 
+    def decoded(self, model: str, steps: int, row_steps: int, prompt_tokens: int, seconds: float) -> None:
+        """A batched sample call of `model` ran: its figures refit the model's decode model."""
+        with self._lock:
+            self.decode_estimates.observe(model, steps, row_steps, prompt_tokens, seconds)
+
     def wrote_back(self, copied_bytes: int, zeroed_bytes: int, seconds: float) -> None:
         """A write-through (device_worker.py): bytes copied from the arena, bytes zeroed on the host copy."""
         with self._lock:
@@ -75,6 +81,12 @@ class Telemetry:
     def failed(self, job: str) -> None:
         with self._lock:
             self.ledger.record_failure(job)
+
+    def decode_estimate(self, model: str, rows, slots: int) -> float | None:
+        """Seconds of a batched call of `rows` (num_samples, prompt tokens, max_tokens) of `model`
+        (policy.DecodeModel fitted to its calls), or None before it has enough of them."""
+        with self._lock:
+            return self.decode_estimates.estimate(model, rows, slots)
 
     def estimate(self, model: str, fn: str) -> float:
         with self._lock:

@@ -17,6 +17,7 @@ the process exits when the pipe closes (its worker died or let it go).
             host buffer file (vLLM's weight loaders convert them to the engine's dtype)  -> seconds
     sample  {prompt, n, temperature, top_k, top_p, max_tokens, seed, stop_token_ids,
              stop_strings, prompt_logprobs}  -> {sequences: [(tokens, logprobs, reason)], prompt_logprobs}
+    sample_batch {requests: [sample's arguments]}: all in one generate  -> [sample's reply]
     logprobs {tokens}  -> [None, lp(t1 | t0), ...]
     sleep {level} / wake {}  -> {done, reason}: GPU only; elsewhere skipped, with the reason
 
@@ -98,33 +99,22 @@ class Engine:
 
     def sample(self, prompt: list, n: int, temperature: float, top_k: int, top_p: float, max_tokens: int,
                seed: int, stop_token_ids: list, stop_strings: list, prompt_logprobs: bool) -> dict:
-        from vllm import SamplingParams
+        return self.sample_batch([dict(prompt=prompt, n=n, temperature=temperature, top_k=top_k, top_p=top_p,
+                                       max_tokens=max_tokens, seed=seed, stop_token_ids=stop_token_ids,
+                                       stop_strings=stop_strings, prompt_logprobs=prompt_logprobs)])[0]
 
-        greedy = temperature == 0  # vLLM refuses n > 1 when greedy: the n sequences are one, repeated
-        params = SamplingParams(
-            n=1 if greedy else n, temperature=temperature, top_k=0 if top_k == -1 else top_k, top_p=top_p,
-            max_tokens=max_tokens, seed=int(seed) % SEED_MODULUS, stop_token_ids=list(stop_token_ids),
-            stop=list(stop_strings) or None, ignore_eos=True, logprobs=0,
-            prompt_logprobs=0 if prompt_logprobs else None, detokenize=bool(stop_strings),
-            skip_special_tokens=False, spaces_between_special_tokens=False)
-        out = self._generate(prompt, params)
-        sequences = []
-        for completion in sorted(out.outputs, key=lambda c: c.index):
-            if completion.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM ended a sequence with finish_reason={completion.finish_reason!r}; "
-                                   "expected 'stop' or 'length'")
-            tokens = list(completion.token_ids)
-            sequences.append((tokens, _chosen(completion.logprobs, tokens), completion.finish_reason))
-        if greedy:
-            sequences = sequences * n
-        return {"sequences": sequences,
-                "prompt_logprobs": _prompt_logprobs(out.prompt_logprobs, prompt) if prompt_logprobs else None}
+    def sample_batch(self, requests: list) -> list:
+        """Every request (`sample`'s arguments) handed to the engine in one `generate`, which
+        batches them continuously; their replies in order."""
+        params = [_params(**request) for request in requests]
+        outputs = self._generate([request["prompt"] for request in requests], params)
+        return [_reply(out, request) for out, request in zip(outputs, requests)]
 
     def logprobs(self, tokens: list) -> list:
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False, ignore_eos=True)
-        return _prompt_logprobs(self._generate(tokens, params).prompt_logprobs, tokens)
+        return _prompt_logprobs(self._generate([tokens], [params])[0].prompt_logprobs, tokens)
 
     def sleep(self, level: int) -> dict:
         if not self.sleep_supported:
@@ -144,13 +134,42 @@ class Engine:
         return (f"{what} skipped: vLLM's sleep mode frees device memory through CUDA's allocator, and this engine "
                 f"runs on {self.platform.device_name!r}; it stays awake and keeps the weights it holds")
 
-    def _generate(self, tokens: list, params):
+    def _generate(self, prompts: list, params: list) -> list:
         from vllm.inputs import TokensPrompt
 
         if self.asleep:
             raise RuntimeError("the engine is asleep; wake it (wake) before running requests")
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in tokens])], params, use_tqdm=False)
-        return outputs[0]
+        return self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in tokens]) for tokens in prompts],
+                                 params, use_tqdm=False)
+
+
+def _params(prompt: list, n: int, temperature: float, top_k: int, top_p: float, max_tokens: int, seed: int,
+            stop_token_ids: list, stop_strings: list, prompt_logprobs: bool):
+    from vllm import SamplingParams
+
+    greedy = temperature == 0  # vLLM refuses n > 1 when greedy: the n sequences are one, repeated (`_reply`)
+    return SamplingParams(
+        n=1 if greedy else n, temperature=temperature, top_k=0 if top_k == -1 else top_k, top_p=top_p,
+        max_tokens=max_tokens, seed=int(seed) % SEED_MODULUS, stop_token_ids=list(stop_token_ids),
+        stop=list(stop_strings) or None, ignore_eos=True, logprobs=0,
+        prompt_logprobs=0 if prompt_logprobs else None, detokenize=bool(stop_strings),
+        skip_special_tokens=False, spaces_between_special_tokens=False)
+
+
+def _reply(out, request: dict) -> dict:
+    """A sample request's reply from its vLLM output: {sequences: [(tokens, logprobs, reason)], prompt_logprobs}."""
+    sequences = []
+    for completion in sorted(out.outputs, key=lambda c: c.index):
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a sequence with finish_reason={completion.finish_reason!r}; "
+                               "expected 'stop' or 'length'")
+        tokens = list(completion.token_ids)
+        sequences.append((tokens, _chosen(completion.logprobs, tokens), completion.finish_reason))
+    if request["temperature"] == 0:
+        sequences = sequences * request["n"]
+    prompt = request["prompt"]
+    return {"sequences": sequences,
+            "prompt_logprobs": _prompt_logprobs(out.prompt_logprobs, prompt) if request["prompt_logprobs"] else None}
 
 
 def _numel(shape) -> int:
@@ -183,7 +202,8 @@ def serve(conn: Connection) -> bool:
         conn.send(("error", "engine", _describe(exc)))
         return False
     conn.send(("ok", engine.info()))
-    handlers = {"push": engine.push, "sample": engine.sample, "logprobs": engine.logprobs,
+    handlers = {"push": engine.push, "sample": engine.sample, "sample_batch": engine.sample_batch,
+                "logprobs": engine.logprobs,
                 "sleep": engine.sleep, "wake": engine.wake}
     while True:
         try:

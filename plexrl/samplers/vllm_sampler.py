@@ -51,7 +51,7 @@ from typing import Any
 from plexrl.api import errors, validation
 from plexrl.api.types import LoraConfig, SampledSequence, SampleResponse, SamplingParams
 
-SERVED = ("sample", "compute_logprobs")  # what a vLLM state runs on its engine
+SERVED = ("sample", "compute_logprobs", "sample_batch")  # what a vLLM state runs on its engine
 PYTHON_VARIABLE = "PLEXRL_VLLM_PYTHON"
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
 START_TIMEOUT_S = 900.0  # importing vLLM takes ~25 s on a free core; much longer when cores are shared
@@ -311,6 +311,8 @@ class VllmSamplers:
 
     def execute(self, fn: str, state, payload: dict) -> Any:
         engine = self._hold(state)
+        if fn == "sample_batch":
+            return sample_batch(engine, state, payload["calls"])
         if fn == "sample":
             return sample(engine, state, **payload)
         return compute_logprobs(engine, state, **payload)
@@ -353,9 +355,42 @@ def layout(state) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(shape)) for name, shape in zip(names, state.shapes)]
 
 
+def sample_batch(engine: VllmEngine, state, calls: list[tuple[str, dict]]):
+    """A coalesced call (runtime/functions.py `sample_batch`) on the engine: every sample handed
+    to it in one request (vLLM batches them continuously), each compute_logprobs on its own; a
+    call whose input is bad fails alone. Its BatchReply has no decode figures (`stats` None):
+    the engine's steps are its own."""
+    from plexrl.runtime.functions import BatchReply
+
+    outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
+    requests, positions = [], []
+    for i, (fn, payload) in enumerate(calls):
+        try:
+            if fn == "sample":
+                requests.append(sample_request(engine, state, **payload))
+                positions.append(i)
+            else:
+                outcomes[i] = (compute_logprobs(engine, state, **payload), None)
+        except Exception as exc:  # the caller's own error, delivered to it alone
+            outcomes[i] = (None, exc)
+    if requests:
+        for i, out in zip(positions, engine.request("sample_batch", requests=requests)):
+            outcomes[i] = (sample_response(out), None)
+    tokens = [len(payload["tokens"]) + (sum(len(s.tokens) for s in value.sequences) if fn == "sample" else 0)
+              if error is None else 0 for (fn, payload), (value, error) in zip(calls, outcomes)]
+    return BatchReply(outcomes, tokens, None)
+
+
 def sample(engine: VllmEngine, state, tokens, num_samples: int, params: SamplingParams, seed: int,
            stop_ids, include_prompt_logprobs: bool) -> SampleResponse:
     """execution.sample's contract, on the engine (see vllm_engine.py for where they differ)."""
+    request = sample_request(engine, state, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs)
+    return sample_response(engine.request("sample", **request))
+
+
+def sample_request(engine: VllmEngine, state, tokens, num_samples: int, params: SamplingParams, seed: int,
+                   stop_ids, include_prompt_logprobs: bool) -> dict:
+    """A checked sample call as the engine's `sample` arguments."""
     config = state.module.config
     validation.check_sample_request(tokens, num_samples, params, config.vocab_size, config.max_position_embeddings)
     stop = () if params.stop is None else ((params.stop,) if isinstance(params.stop, str) else tuple(params.stop))
@@ -364,10 +399,12 @@ def sample(engine: VllmEngine, state, tokens, num_samples: int, params: Sampling
     if strings and not engine.info.get("tokenizer"):
         raise errors.InvalidInput(f"stop strings need the model's tokenizer, and {state.source!r} has none; "
                                   "give stop token ids instead")
-    out = engine.request("sample", prompt=[int(t) for t in tokens], n=int(num_samples),
-                         temperature=float(params.temperature), top_k=int(params.top_k), top_p=float(params.top_p),
-                         max_tokens=int(params.max_tokens), seed=int(seed), stop_token_ids=stop_ids,
-                         stop_strings=strings, prompt_logprobs=bool(include_prompt_logprobs))
+    return dict(prompt=[int(t) for t in tokens], n=int(num_samples), temperature=float(params.temperature),
+                top_k=int(params.top_k), top_p=float(params.top_p), max_tokens=int(params.max_tokens), seed=int(seed),
+                stop_token_ids=stop_ids, stop_strings=strings, prompt_logprobs=bool(include_prompt_logprobs))
+
+
+def sample_response(out: dict) -> SampleResponse:
     sequences = [SampledSequence(tokens=t, logprobs=lp, stop_reason=reason) for t, lp, reason in out["sequences"]]
     return SampleResponse(sequences=sequences, prompt_logprobs=out["prompt_logprobs"])
 

@@ -7,7 +7,9 @@ the runtime's scheduling rules and the same policy code (`replay.py`), twice:
 - `exact`: every call takes its own measured time, isolating the mechanism and policy.
 Per job it reports mean step time (between the controller's `step` marks; the first step from
 the job's first call) and device-seconds (execution charge + switch-in), simulated vs real, and
-the relative error. The target (issue 5) is |error| <= 15%.
+the relative error. The target (issue 5) is |error| <= 15%. It also fits the decode model
+(policy/decode.py) to the run's batched sample calls (`batch` events: decode steps, live
+row-steps, prompt tokens, device seconds): `decode`.
 
 The device budget is not in the log: pass it (`device_bytes`) or it is taken as the peak bytes
 the run held on one device, the tightest budget the log is consistent with.
@@ -21,7 +23,7 @@ from collections import defaultdict
 import numpy as np
 
 from plexrl.errors import ConfigError
-from plexrl.policy import Policy
+from plexrl.policy import DecodeModel, Policy
 from plexrl.sim.replay import GroupReplay, ReplayResult
 from plexrl.sim.trace import Trace
 
@@ -121,4 +123,20 @@ def calibrate(trace: Trace, device_bytes: int | None = None, policy: Policy = Po
     }
     for profile in PROFILES:
         out[profile] = compare(trace, replay(trace, profile, device_bytes, policy=policy))
+    out["decode"] = decode_fit(trace)
     return out
+
+
+def decode_fit(trace: Trace) -> dict:
+    """The decode model (policy.DecodeModel: step time against live rows) fitted by least squares
+    to the run's batched sample calls, and how far its seconds are from each call's: the
+    function the runtime's scheduler and the simulator decode with, calibrated on this run."""
+    fitted = DecodeModel.fit(trace.batches)
+    if fitted is None:
+        return {"batches": 0}
+    data = np.asarray(trace.batches, dtype=np.float64)
+    predicted = fitted.seconds(data[:, 0], data[:, 1], data[:, 2])
+    errors = np.abs(predicted - data[:, 3]) / np.maximum(data[:, 3], 1e-12)
+    return {"batches": len(data), "step_s": fitted.step_s, "row_s": fitted.row_s,
+            "prefill_token_s": fitted.prefill_token_s, "median_abs_error": float(np.median(errors)),
+            "max_abs_error": float(errors.max())}

@@ -232,6 +232,11 @@ def show_calibration(doc: dict, console: Console) -> None:
         console.print(table)
         verdict = "within target" if res["within_target"] else "OUTSIDE target"
         console.print(f"max |error| {res['max_abs_error']:.1%}: {verdict}")
+    decode = doc["decode"]
+    if decode["batches"]:
+        console.print(f"decode model from {decode['batches']} batched sample calls: step {decode['step_s'] * 1e3:.3f} ms "
+                      f"+ {decode['row_s'] * 1e6:.2f} us per live row + {decode['prefill_token_s'] * 1e6:.2f} us per "
+                      f"prompt token (|error| median {decode['median_abs_error']:.1%}, max {decode['max_abs_error']:.1%})")
     inferred = " (inferred: peak in the log)" if doc["device_bytes_inferred"] else ""
     console.print(f"{doc['calls']} calls on {doc['devices']} devices, budget {doc['device_bytes']:,} B{inferred}, "
                   f"load {doc['load_gb_s']:.2f} GB/s, offload {doc['offload_gb_s']:.2f} GB/s")

@@ -5,8 +5,9 @@ This replaces execution, and only execution: every scheduling decision still com
 GPUs of one node); log-probs, the training update and weight sync are collectives over all of
 the job's training GPUs (ZeRO-3), one gang request each.
 
-Decode (continuous batching, memory-bound): one decode step of a replica over `b` live
-sequences costs `t0 + c*b`, where `t0` reads every weight once (weight bytes / (tp * HBM
+Decode (continuous batching, memory-bound; `plexrl.policy.DecodeModel`, the function the
+runtime's scheduler estimates batched sample calls with and `plexrl sim calibrate` fits from a
+run's `batch` events): one decode step of a replica over `b` live sequences costs `t0 + c*b`, where `t0` reads every weight once (weight bytes / (tp * HBM
 bandwidth)) and `c` is the per-sequence compute and KV traffic. A replica whose responses have
 lengths `L_i` therefore takes `t0 * max(L) + c * sum(L)`: it ends when its longest response ends
 (the long tail), and per-GPU throughput `b / (t0 + c b)` rises with the per-replica batch, so
@@ -36,9 +37,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
+from plexrl.policy import DecodeModel
 from plexrl.sim.workload import GB, Cluster, Job, Rollout
 
 BYTES_PER_WEIGHT = 2
@@ -66,8 +69,13 @@ class JobCosts:
     trainer_bytes: int
     gpu_bytes: int  # arena capacity of one GPU
 
+    @cached_property
+    def decode(self) -> DecodeModel:
+        """One replica's decode model (prompts are not in it: a tail's re-prefill is costed apart)."""
+        return DecodeModel(self.decode_step_s, self.decode_seq_s)
+
     def decode_s(self, longest: float, total: float) -> float:
-        return self.decode_step_s * longest + self.decode_seq_s * total
+        return self.decode.seconds(longest, total)
 
     @property
     def tail_batch(self) -> int:
@@ -153,7 +161,7 @@ def decode_rows(costs: JobCosts, lengths: np.ndarray, replicas: int) -> np.ndarr
         k = size - n
         longest[:, :k] = np.maximum(longest[:, :k], rest)
         total[:, :k] += rest
-    return costs.decode_step_s * longest + costs.decode_seq_s * total
+    return costs.decode.seconds(longest, total)
 
 
 def tail_cut(lengths: np.ndarray, capacity: int) -> float | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from plexrl.policy import DecodeModel
 from plexrl.sim.latency import TAIL_REPLICAS, JobCosts, tail_cut
 
 
@@ -61,8 +62,8 @@ class Decode:
         return float(self._prefix[j] + k * (self.count - j))
 
     def seconds(self, k1: float, k2: float, replicas: int) -> float:
-        """Decoding from step `k1` to `k2` on `replicas` replicas."""
-        return self.t0 * (k2 - k1) + self.c / replicas * (self.tokens(k2) - self.tokens(k1))
+        """Decoding from step `k1` to `k2` on `replicas` replicas (`reach` inverts it)."""
+        return DecodeModel(self.t0, self.c / replicas).seconds(k2 - k1, self.tokens(k2) - self.tokens(k1))
 
     def reach(self, k1: float, seconds: float, replicas: int, limit: float) -> float:
         """The step reached after decoding `seconds` from `k1` on `replicas` replicas, at most `limit`."""

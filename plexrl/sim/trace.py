@@ -91,6 +91,7 @@ class Trace:
     dirtying_fns: frozenset[str]  # functions after which an offload had to copy the state back
     dispatch_s: float  # mean runtime overhead before a call starts on a device that could take it
     totals: dict[str, JobTotals]
+    batches: tuple[tuple[int, int, int, float], ...] = ()  # batched sample calls: (steps, live row-steps, prompt tokens, device s)
 
     @property
     def jobs(self) -> list[str]:
@@ -154,6 +155,7 @@ def build_trace(events: list[dict]) -> Trace:
         dirtying_fns=_dirtying_fns(events),
         dispatch_s=_dispatch_overhead(events),
         totals=_totals(calls, by_kind["transition"]),
+        batches=tuple((e["steps"], e["row_steps"], e["prefill_tokens"], e["device_s"]) for e in by_kind["batch"]),
     )
 
 
