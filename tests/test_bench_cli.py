@@ -89,7 +89,8 @@ def test_bench_dispatch_json(capsys):
 SERVE_MEASURED = {f"{name}_ms_{stat}" for name in ("inprocess", "sdk", "raw_http", "wakeup", "echo")
                   for stat in ("mean", "p50", "p95")} | {
     "sdk_rps_8_clients", "echo_rps_8_clients", "sdk_round_trips_per_call", "raw_round_trips_per_call",
-    "protocol_http_floor_ms", "added_ratio_to_echo", "wakeup_ratio_to_echo", "sdk_rps_ratio_to_echo"}
+    "protocol_http_floor_ms", "added_ratio_to_echo", "wakeup_ratio_to_echo", "sdk_rps_ratio_to_echo",
+    "sampled_tokens_per_s_8_inprocess", "sampled_tokens_per_s_8_sdk", "sampled_sdk_vs_inprocess"}
 SERVE_DIFFERENCES = {"added_ms", "sdk_client_side_ms", "protocol_ms", "protocol_service_ms"}
 
 

@@ -15,14 +15,19 @@ Figures (milliseconds unless named otherwise):
    priced at the echo's round trip) plus the service's own work (the rest);
 2. long-poll wake-up: a poll held on a request (seq_id n+1, which waits for n) answers the
    client how long after the service resolves the request's future, once n is sent;
-3. calls per second from 8 threads, each with its own SDK client, session and model;
+3. calls per second from 8 threads, each with its own SDK client, session and model (and, without
+   --quick, from 8 processes, each with its own, against 8 echo client processes);
 4. the reference: a FastAPI app whose one endpoint parses a small JSON body and answers it, on
    the same `Server` class: its sequential round trip and its requests/s from 8 httpx clients.
-   Every figure above is also given as a ratio to it.
+   Every figure above is also given as a ratio to it;
+5. sampled tokens a second from 8 threads sharing one sampler (4 sequences of 16 tokens a call,
+   no stop), through the SDK and, as its reference, through the in-process job API on the same
+   cluster: concurrent calls on one sampler are coalesced by the node into batched decodes.
 
-Clients, servers and the local cluster's device worker share this one process (and its GIL), as
-they do in tests: the device work of a call overlaps its HTTP round trips and competes with them
-for the interpreter, so the split is of means, not of disjoint intervals. Every loop is bounded
+Clients and servers share this one process (and its GIL), as they do in tests; the cluster's
+device work runs where `--engine` puts it (process, the default: a process of its own; local: a
+thread here, competing with the HTTP round trips for the interpreter). The split is of means,
+not of disjoint intervals. Every loop is bounded
 by a count and a deadline; both servers bind 127.0.0.1 on free ports and are stopped at the end.
 The figures swing with what else runs on the machine's cores.
 """
@@ -307,6 +312,67 @@ def concurrent_rps(make_calls, clients: int, per_client: int, budget_s: float) -
     return sum(done) / elapsed
 
 
+def concurrent_tokens(call, threads: int, budget_s: float) -> float:
+    """Tokens a second from `threads` threads calling `call()` (which returns the tokens it sampled)
+    one call after another for `budget_s`, all sharing one sampler: the cookbook's concurrent
+    sample calls, which the node coalesces into batched device calls."""
+    tokens, failures = [0] * threads, []
+    start = threading.Barrier(threads + 1)
+
+    def run(i: int) -> None:
+        try:
+            start.wait(RESULT_S)
+            end = time.perf_counter() + budget_s
+            while time.perf_counter() < end:
+                tokens[i] += call(i)
+        except BaseException as exc:  # raised below, after every thread is joined
+            failures.append(exc)
+
+    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait(RESULT_S)
+    t0 = time.perf_counter()
+    for worker in workers:
+        worker.join(budget_s + RESULT_S)
+    elapsed = time.perf_counter() - t0
+    if failures:
+        raise failures[0]
+    return sum(tokens) / elapsed
+
+
+SAMPLES, SAMPLED = 4, 16  # each sample call: 4 sequences of 16 tokens (no stop: every one is sampled whole)
+
+
+def inprocess_sampler(cluster, folder: str):
+    from plexrl.api.types import SamplingParams
+
+    sampler = cluster.service_client("bench-sampler").create_sampling_client(folder)
+    prompt = ModelInput.from_ints(TOKENS)
+
+    def call(i: int) -> int:
+        params = SamplingParams(max_tokens=SAMPLED, seed=i, stop=())
+        return sum(len(s.tokens) for s in sampler.sample(prompt, SAMPLES, params).result(RESULT_S).sequences)
+
+    return call
+
+
+@contextlib.contextmanager
+def sdk_sampler(url: str, model: str):
+    client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+    try:
+        sampler = client.create_sampling_client(base_model=model).result(RESULT_S)
+        prompt = types.ModelInput.from_ints(list(TOKENS))
+
+        def call(i: int) -> int:
+            params = types.SamplingParams(max_tokens=SAMPLED, seed=i, stop=[])
+            return sum(len(s.tokens) for s in sampler.sample(prompt, SAMPLES, params).result(RESULT_S).sequences)
+
+        yield call
+    finally:
+        client.close("success").result(RESULT_S)
+
+
 def process_rps(kind: str, url: str, model: str, clients: int, per_client: int, budget_s: float) -> float:
     """`concurrent_rps` with each client in a process of its own (`kind`: "sdk" or "echo"), so the
     clients' own work does not share the server's interpreter, as with real users."""
@@ -418,6 +484,10 @@ def main(argv: list[str]) -> int:
         # 2) wake-up of a held poll; 3) eight clients at once
         wakeup = wakeup_ms(w, max(5, calls // 10), budget)
         sdk_rps = concurrent_rps(lambda: sdk_call(w.url, w.model), CLIENTS, max(1, calls // CLIENTS), budget)
+        # 5) sampled tokens a second, 8 callers sharing one sampler: in-process and through the SDK
+        sampled_inprocess = concurrent_tokens(inprocess_sampler(w.cluster, w.folder), CLIENTS, budget)
+        with sdk_sampler(w.url, w.model) as call:
+            sampled_sdk = concurrent_tokens(call, CLIENTS, budget)
         if not args.quick:  # spawning clients costs seconds each (they import torch)
             echo_rps_processes = process_rps("echo", w.echo_url, w.model, CLIENTS, max(1, calls // CLIENTS), budget)
             sdk_rps_processes = process_rps("sdk", w.url, w.model, CLIENTS, max(1, calls // CLIENTS), budget)
@@ -443,6 +513,9 @@ def main(argv: list[str]) -> int:
         "sdk_rps_ratio_to_echo": sdk_rps / echo_rps,
         **summary("echo", echo),
         "echo_rps_8_clients": echo_rps,
+        "sampled_tokens_per_s_8_inprocess": sampled_inprocess,
+        "sampled_tokens_per_s_8_sdk": sampled_sdk,
+        "sampled_sdk_vs_inprocess": sampled_sdk / sampled_inprocess,
     }
     if not args.quick:
         result.update(sdk_rps_8_client_processes=sdk_rps_processes, echo_rps_8_client_processes=echo_rps_processes,
