@@ -74,11 +74,13 @@ bench: install
 	$(BIN)/plexrl bench dispatch
 	$(BIN)/plexrl bench placement
 
-# Every check that needs a GPU (pytest -m cuda, write-back on CUDA, bench switch against a
-# page-locked copy, bench prefetch, bench sample on a ~1B model: vLLM vs HF decode and vLLM's
-# wake + push when PLEXRL_VLLM_PYTHON is a CUDA vLLM environment); every figure with its target
-# and pass/fail/skipped in gpu-check/figures.json. Fails at once without a GPU. Installs
-# nothing (a GPU machine may have no registry): .venv's python when there is one, else $(PY).
+# Every check that needs a GPU (scripts/gpu_check.sh: pytest -m cuda on the files holding cuda
+# tests, write-back on CUDA, bench switch, prefetch and sample), under one deadline
+# (GPU_CHECK_DEADLINE_S, 420 s), /dev/shm and the GPU's memory checked first. Every figure beside
+# the reference measured with it in the same run, its target and pass/fail/skipped in
+# $GPU_CHECK_OUT/figures.json (default gpu-check/), with the logs in logs.tar.gz, both rewritten
+# after every step and when the check is stopped. Fails at once without a GPU. Installs nothing
+# (a GPU machine may have no registry): .venv's python when there is one, else $(PY).
 gpu-check:
 	PY=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) bash scripts/gpu_check.sh
 

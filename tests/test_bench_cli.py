@@ -72,6 +72,8 @@ def test_bench_sample_json_vllm(capsys):
     assert out["vllm_vs_hf"] == out["vllm_tokens_per_s"] / out["hf_tokens_per_s"]
     assert out["vllm_switches"] == 2, "two jobs' states taking turns: every call after the first round is a switch"
     assert out["vllm_push_bytes"] == out["state_bytes"] and out["vllm_switch_in_s"] > 0
+    assert out["vllm_push_copy_s"] > 0, "the push's reference: its bytes over a copy's speed measured in this run"
+    assert out["vllm_switch_in_vs_copy"] == out["vllm_switch_in_s"] / out["vllm_push_copy_s"]
     assert out["vllm_sleep"].startswith("sleep skipped"), "vLLM's sleep mode is CUDA-only"
     assert out["budget_engine_bytes"] > 0
     check_sample_budget(out)

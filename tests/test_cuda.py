@@ -31,6 +31,13 @@ pytestmark = [pytest.mark.cuda,
 
 MiB = 1 << 20
 TIMEOUT_S = 300
+PINNED_BYTES_KEY = "allocated_bytes.current"  # torch.cuda.host_memory_stats(): the caching host allocator's bytes
+
+
+def pinned_host_bytes() -> int:
+    """What PyTorch's caching host allocator holds (a missing key fails: never a silent 0)."""
+    stats = torch.cuda.host_memory_stats()
+    return stats[PINNED_BYTES_KEY] if stats else 0  # {}: CUDA not initialised yet in this process
 
 
 def trainer_bytes(model: str) -> int:
@@ -74,7 +81,7 @@ def test_a_multiplexed_job_equals_the_job_alone_on_cuda(engine, tiny_model, alon
 def test_host_buffers_are_page_locked_at_their_size_and_unlocked_when_let_go(tiny_model):
     from plexrl.engines.local import LocalCluster
 
-    held = torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0)  # the caching host allocator's
+    held = pinned_host_bytes()
     with LocalCluster(devices=1, torch_device="cuda") as cluster:
         trainer = cluster.service_client("pin").create_training_client(tiny_model)
         trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
@@ -82,7 +89,7 @@ def test_host_buffers_are_page_locked_at_their_size_and_unlocked_when_let_go(tin
         path, mapping = worker._mapped[trainer.state.state_id]
         assert mapping.is_pinned(), "the worker's mapping of the host buffer is not page-locked"
         assert mapping.numel() * 4 == trainer.state.host_bytes
-        assert torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0) == held, (
+        assert pinned_host_bytes() == held, (
             "PyTorch's caching host allocator holds memory for the host buffers: the host budget would lie")
         cluster.finish_job("pin")
         assert trainer.state.state_id not in worker._mapped
