@@ -68,7 +68,7 @@ def switch_times(nbytes: int, repeats: int, device: str, precision: str = "auto"
         model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
                                 intermediate_size=round(2.75 * width))
         state_bytes = per_weight * parameter_count(model)
-        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device)  # and the activation reserve
+        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device, precision=precision)
         with LocalCluster(devices=1, device_memory_bytes=budget, host_memory_bytes=4 * state_bytes,
                           torch_device=device, precision=precision, workdir=f"{folder}/cluster") as cluster:
             service = cluster.service_client("bench")
@@ -102,7 +102,7 @@ def writeback_per_step(nbytes: int, steps: int, device: str, precision: str = "a
         model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
                                 intermediate_size=round(2.75 * width))
         state_bytes = 16 * parameter_count(model)
-        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device)  # and the activation reserve
+        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device, precision=precision)
         with LocalCluster(devices=1, device_memory_bytes=budget, host_memory_bytes=3 * state_bytes,
                           torch_device=device, precision=precision, workdir=f"{folder}/cluster") as cluster:
             trainer = cluster.service_client("bench").create_training_client(model)

@@ -199,14 +199,17 @@ class DeviceWorker:
             return (*(span.seconds() for span in spans), copy_s), exposed_s
         return wait
 
-    def prepare(self, source: str, probe_tokens: int | None = None, measure: bool = True) -> tuple[int, int]:
+    def prepare(self, source: str, probe_tokens: int | None = None, measure: bool = True,
+                autocast: torch.dtype | None = None) -> tuple[int, int]:
         """Load a source's module template ahead of its first state here (the node calls this
         when a model is added), so a job's first call does not pay for it. Returns what a model
         of it needs on this device beside its state: (its activation reserve, measured once per
-        source when `measure` (runtime/activation.py), else 0; a vLLM engine's share of it)."""
+        source when `measure` (runtime/activation.py) under the trainers' `autocast`, else 0; a vLLM
+        engine's share of it)."""
         template = self._template(source)
         if measure and source not in self._reserves:
-            self._reserves[source] = activation.measure_reserve(template, probe_tokens, self.arena.torch_device)
+            self._reserves[source] = activation.measure_reserve(template, probe_tokens, self.arena.torch_device,
+                                                                autocast)
         weights = sum(p.numel() * p.element_size() for p in template.parameters())
         return self._reserves.get(source, 0), engine_share_bytes(self.arena.torch_device, weights)
 
