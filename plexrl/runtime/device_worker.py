@@ -153,6 +153,10 @@ class DeviceWorker:
         around the function on the compute stream."""
         if torch.get_num_threads() != self.threads:  # per call: the executing thread may be a host's, not ours
             torch.set_num_threads(self.threads)
+        with self.streams.computing():  # on CUDA this device's own stream (runtime/cuda.py)
+            return self._execute(state_id, fn, payload, steps, prefetch)
+
+    def _execute(self, state_id: str, fn: str, payload, steps, prefetch) -> WorkerReply:
         spans = [self._transition(step) for step in steps]
         state = self.states.get(state_id)
         if state is None or state.tier is not Tier.DEVICE or state.device != self.device:
