@@ -12,7 +12,7 @@ export NO_MKDOCS_2_WARNING := 1
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test docs test-vllm bench gpu-check clean screenshot
+.PHONY: install demo test docs test-vllm vllm-lane check-all bench gpu-check clean screenshot
 
 install: $(STAMP)
 
@@ -66,8 +66,18 @@ $(VLLM_STAMP): Makefile
 	touch $(VLLM_STAMP)
 
 test-vllm: install $(VLLM_STAMP)
+	$(MAKE) vllm-lane
+
+# The vLLM lane on an environment already built (no install: CI runs it only where .venv-vllm exists).
+vllm-lane:
 	PLEXRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no vllm tests" >&2; exit 1; fi; exit $$status
+
+# Every lane CI runs: the tests, then the vLLM lane when its environment is built (it takes minutes
+# and a large download to build: `make test-vllm` does).
+check-all: test
+	@if [ -f $(VLLM_STAMP) ]; then $(MAKE) vllm-lane; \
+	else echo "check-all: the vLLM lane skipped: $(VLLM_VENV) is not built (make test-vllm builds it)" >&2; fi
 
 bench: install
 	$(BIN)/plexrl bench switch
