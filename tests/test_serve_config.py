@@ -63,3 +63,18 @@ def test_without_keys_the_server_refuses_a_non_loopback_address(tiny_model, caps
 def test_bad_limits_are_refused_naming_the_setting(tiny_model, capsys, flags, message):
     assert main(["--model", tiny_model, *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_edge_limits_follow_the_served_context(tiny_model):
+    """A JSON body need hold no more than a prompt of the longest served context (its asample), a
+    forward_backward no more than the SDK's chunk or one full-context datum; given values win."""
+    from plexrl.serve.edge import EdgeLimits
+    from plexrl.serve.server import max_context
+
+    assert max_context([tiny_model]) == 256 and max_context(["/nonexistent"]) is None
+    small = EdgeLimits.for_context(256)
+    assert small.max_json_bytes == (64 << 10) + 12 * 256 and small.max_json_items == 4096 + 512
+    assert small.max_request_values == 1_250_000
+    assert EdgeLimits.for_context(1 << 20).max_request_values == 4 << 20
+    assert EdgeLimits.for_context(None) == EdgeLimits()
+    assert EdgeLimits.for_context(256, max_json_bytes=5).max_json_bytes == 5

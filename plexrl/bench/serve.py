@@ -390,6 +390,7 @@ def main(argv: list[str]) -> int:
                         "abuses its quota (plexrl/bench/serve_load.py)")
     parser.add_argument("--clients", type=int, default=2, help="with --tenants: training clients per tenant")
     parser.add_argument("--steps", type=int, default=20, help="with --tenants: steps per training client and round")
+    parser.add_argument("--max-json-mib", type=int, help="with --tenants: the server's --max-json-mib (default: its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.tenants is not None:
@@ -397,8 +398,9 @@ def main(argv: list[str]) -> int:
 
         if args.tenants < 1 or args.clients < 1 or args.steps < 1:
             parser.error("--tenants, --clients and --steps must be >= 1")
+        flags = () if args.max_json_mib is None else ("--max-json-mib", str(args.max_json_mib))
         result = serve_load.run(args.tenants, args.clients, 2 if args.quick else args.steps, args.budget * 6,
-                                engine=args.engine)
+                                engine=args.engine, server_flags=flags)
         emit(f"serve: {args.tenants} tenants at once, then one abusing its quota", result, args.json)
         return 0
     calls, budget = (20, 2.0) if args.quick else (args.calls, args.budget)

@@ -55,6 +55,22 @@ class EdgeLimits:
     tenant_share: int = 4  # of them, how many one tenant's requests may hold at once
     tenant_cpu: float = 0.2  # CPU seconds a second one tenant's requests may spend on them, on average
 
+    @classmethod
+    def for_context(cls, tokens: int | None, **given) -> "EdgeLimits":
+        """Limits sized to the longest context among the served models: the largest JSON body the
+        SDK sends is an asample prompt, and a prompt longer than the context is refused anyway, so
+        a JSON body may hold 12 bytes and 2 values a token of it (a token id, a comma, a space) on
+        top of 64 KiB for the rest; a forward_backward, the SDK's 5 MB chunk of values or one datum
+        of four fields at full context, whichever is more. Decoding a body holds the interpreter
+        (~40 ms a MiB of JSON, ~25 ms a million values of protobuf): limits no model needs are
+        stalls any tenant could cause. `given` overrides any field; `tokens` None keeps the
+        defaults."""
+        if tokens is not None and tokens > 0:
+            derived = {"max_json_bytes": (64 << 10) + 12 * tokens, "max_json_items": 4096 + 2 * tokens,
+                       "max_request_values": max(5_000_000 // 4, 4 * tokens)}
+            given = {**derived, **given}
+        return cls(**given)
+
     def validate(self) -> None:
         from plexrl.api import errors
 

@@ -93,6 +93,19 @@ def parse_models(values: list[str]) -> dict[str, str]:
     return models
 
 
+def max_context(folders) -> int | None:
+    """The longest `max_position_embeddings` among the model folders' configs (None if none says)."""
+    import json
+
+    found = []
+    for folder in folders:
+        try:
+            found.append(int(json.loads((Path(folder) / "config.json").read_text())["max_position_embeddings"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(found, default=None)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -125,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds without a heartbeat after which a session is finished")
     parser.add_argument("--poll-hold", type=float, default=25.0, help="seconds a retrieve_future poll is held")
     parser.add_argument("--max-body-mib", type=int, default=32, help="largest protobuf body (forward_backward)")
-    parser.add_argument("--max-json-mib", type=int, default=4, help="largest JSON body")
+    parser.add_argument("--max-json-mib", type=int, help="largest JSON body (default: 64 KiB + 12 bytes a token of the "
+                        "longest context among the served models, the prompt of an asample; 4 MiB if none says)")
     parser.add_argument("--edge-workers", type=int, default=8,
                         help="threads that parse and handle requests; one tenant holds at most half of them")
     parser.add_argument("--queued-per-tenant", type=int, default=1024,
@@ -163,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         state_dir = Path(args.state_dir).resolve()
         limits = Limits(session_timeout_s=args.session_timeout, poll_hold_s=args.poll_hold,
                         queued_per_tenant=args.queued_per_tenant)
-        edge = EdgeLimits(max_body_bytes=args.max_body_mib << 20, max_json_bytes=args.max_json_mib << 20,
-                          workers=args.edge_workers, tenant_share=max(1, args.edge_workers // 2))
+        json_bytes = {} if args.max_json_mib is None else {"max_json_bytes": args.max_json_mib << 20}
+        edge = EdgeLimits.for_context(max_context(models.values()), max_body_bytes=args.max_body_mib << 20,
+                                      workers=args.edge_workers, tenant_share=max(1, args.edge_workers // 2),
+                                      **json_bytes)
         limits.validate(), edge.validate()
     except errors.InvalidInput as exc:
         print(f"plexrl serve: {exc}", file=sys.stderr)
@@ -181,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(service.close)
         server = Server(create_app(service), args.host, args.port).start()
         print(f"plexrl serve: {server.url} ({args.engine} engine, {args.devices} devices; models: "
-              f"{', '.join(sorted(models))}; state in {state_dir})", flush=True)
+              f"{', '.join(sorted(models))}; state in {state_dir}; bodies up to {edge.max_json_bytes:,} bytes of "
+              f"JSON, {edge.max_body_bytes:,} of protobuf)", flush=True)
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: sessions finished, workers closed
         try:
             server._thread.join()
