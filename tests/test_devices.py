@@ -97,7 +97,7 @@ def test_plexrl_run_passes_the_device_on(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(jobs_file, "load", lambda path: "spec")
-    monkeypatch.setattr(jobs_file, "run", lambda spec, on_step=None, engine="process", device="auto", precision="auto":
+    monkeypatch.setattr(jobs_file, "run", lambda spec, on_step=None, engine="process", device="auto", precision="auto", **_:
                         seen.update(engine=engine, device=device, precision=precision) or {"jobs": []})
     assert jobs_file.main(["jobs.yaml", "--json", "--engine", "local", "--device", "cpu", "--precision", "bf16"]) == 0
     assert seen == {"engine": "local", "device": "cpu", "precision": "bf16"}
