@@ -53,11 +53,14 @@ figures() {  # OUT/figures.json and OUT/logs.tar.gz from what the steps left so 
 stop() {  # a signal: the running step is cut off (its processes too), the figures so far written
     trap - TERM INT HUP
     export GPU_CHECK_STOPPED="stopped by SIG$1 after $((SECONDS - START)) s"
-    if [ -n "$RUNNING" ]; then
-        kill -TERM "$RUNNING" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$RUNNING" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL -- "-$RUNNING" 2>/dev/null
-    fi
+    local pids
+    pids=$(jobs -p)  # the running step's timeout, even when the signal came before RUNNING was set
+    pids="$pids $RUNNING"
+    for pid in $pids; do kill -TERM "$pid" 2>/dev/null; done
+    for pid in $pids; do
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL -- "-$pid" 2>/dev/null  # what is left of its process group
+    done
     figures
     echo "gpu-check: $GPU_CHECK_STOPPED; the figures so far in $OUT/figures.json" >&2
     exit 1
