@@ -12,7 +12,7 @@ export NO_MKDOCS_2_WARNING := 1
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test docs test-vllm bench gpu-check clean screenshot
+.PHONY: install demo test docs test-vllm vllm-lane check-all bench gpu-check clean screenshot
 
 install: $(STAMP)
 
@@ -66,19 +66,31 @@ $(VLLM_STAMP): Makefile
 	touch $(VLLM_STAMP)
 
 test-vllm: install $(VLLM_STAMP)
+	$(MAKE) vllm-lane
+
+# The vLLM lane on an environment already built (no install: CI runs it only where .venv-vllm exists).
+vllm-lane:
 	PLEXRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -m vllm; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no vllm tests" >&2; exit 1; fi; exit $$status
+
+# Every lane CI runs: the tests, then the vLLM lane when its environment is built (it takes minutes
+# and a large download to build: `make test-vllm` does).
+check-all: test
+	@if [ -f $(VLLM_STAMP) ]; then $(MAKE) vllm-lane; \
+	else echo "check-all: the vLLM lane skipped: $(VLLM_VENV) is not built (make test-vllm builds it)" >&2; fi
 
 bench: install
 	$(BIN)/plexrl bench switch
 	$(BIN)/plexrl bench dispatch
 	$(BIN)/plexrl bench placement
 
-# Every check that needs a GPU (pytest -m cuda, write-back on CUDA, bench switch against a
-# page-locked copy, bench prefetch, bench sample on a ~1B model: vLLM vs HF decode and vLLM's
-# wake + push when PLEXRL_VLLM_PYTHON is a CUDA vLLM environment); every figure with its target
-# and pass/fail/skipped in gpu-check/figures.json. Fails at once without a GPU. Installs
-# nothing (a GPU machine may have no registry): .venv's python when there is one, else $(PY).
+# Every check that needs a GPU (scripts/gpu_check.sh: pytest -m cuda on the files holding cuda
+# tests, write-back on CUDA, bench switch, prefetch and sample), under one deadline
+# (GPU_CHECK_DEADLINE_S, 420 s), /dev/shm and the GPU's memory checked first. Every figure beside
+# the reference measured with it in the same run, its target and pass/fail/skipped in
+# $GPU_CHECK_OUT/figures.json (default gpu-check/), with the logs in logs.tar.gz, both rewritten
+# after every step and when the check is stopped. Fails at once without a GPU. Installs nothing
+# (a GPU machine may have no registry): .venv's python when there is one, else $(PY).
 gpu-check:
 	PY=$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY)) bash scripts/gpu_check.sh
 

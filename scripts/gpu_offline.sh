@@ -7,7 +7,9 @@
 #   scripts/gpu_offline.sh run [DIR]     there: install them into a folder of their own (the image's
 #                                        python3 may be a venv, which a new venv would not see
 #                                        through), put it and the checkout on PYTHONPATH, and run
-#                                        the checks; gpu-check/ as make gpu-check writes it.
+#                                        the checks, all under make gpu-check's one deadline
+#                                        (GPU_CHECK_DEADLINE_S, the install's time taken off it);
+#                                        $GPU_CHECK_OUT (default gpu-check/) as make gpu-check writes it.
 # Ray and vLLM stay out (the Ray wheel alone is ~65 MB); their tests skip and bench sample records
 # vLLM as skipped. Versions are the ones the CPU suite runs with.
 set -uo pipefail
@@ -29,10 +31,11 @@ case "$cmd" in
     ;;
   run)
     extra=${TMPDIR:-/tmp}/plexrl-gpu-extra
-    python3 -m pip install --quiet --no-index --no-deps --target "$extra" "$dir"/*.whl || exit 1
+    deadline=${GPU_CHECK_DEADLINE_S:-420}
+    timeout 120 python3 -m pip install --quiet --no-index --no-deps --target "$extra" "$dir"/*.whl || exit 1
     export PYTHONPATH="$PWD:$extra${PYTHONPATH:+:$PYTHONPATH}"
-    python3 -c "import plexrl, pydantic, fastapi, tinker, torch; print('python3:', torch.__version__, 'cuda', torch.cuda.is_available())"
-    PY=python3 bash scripts/gpu_check.sh
+    timeout 60 python3 -c "import plexrl, pydantic, fastapi, tinker, torch; print('python3:', torch.__version__, 'cuda', torch.cuda.is_available())"
+    GPU_CHECK_DEADLINE_S=$((deadline - SECONDS)) PY=python3 exec bash scripts/gpu_check.sh
     ;;
   *)
     echo "usage: scripts/gpu_offline.sh fetch|run [WHEEL_DIR]" >&2

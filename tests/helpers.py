@@ -24,12 +24,16 @@ def datum(ids, **extra) -> plexrl.Datum:
 
 
 def rl_job(cluster, job: str, model_dir: str, seed: int, steps: int = 3, timeout: float = 120, name: str = "policy",
-           sampler: str = "hf", rewards: list | None = None, declare_steps: bool = False):
+           sampler: str = "hf", rewards: list | None = None, declare_steps: bool = False,
+           admission_timeout: float = 600):
     """A small policy-gradient loop over every function of the API: sample, old log-probs,
     importance-sampling update, weight sync (snapshots sampling with `sampler`), a step mark.
     Returns the job's training client; each step's rewards are appended to `rewards` if given.
-    `declare_steps`: the job tells the cluster how many steps it runs (`service_client(steps=)`)."""
-    service = cluster.service_client(job=job, steps=steps if declare_steps else None)
+    `declare_steps`: the job tells the cluster how many steps it runs (`service_client(steps=)`).
+    Every wait is bounded: a call's result by `timeout`, the job's admission by `admission_timeout`
+    (AdmissionTimeout; the library's default waits for as long as it takes)."""
+    service = cluster.service_client(job=job, steps=steps if declare_steps else None,
+                                     admission_timeout=admission_timeout)
     trainer = service.create_training_client(base_model=model_dir, seed=seed, name=name)
     prompt = [5 + seed, 6, 7]
     for step in range(steps):

@@ -22,6 +22,10 @@ def test_bench_switch_json(capsys):
     assert {"switch_gbps", "memcpy_gbps", "ratio"} <= set(out)
     assert 0.5 * out["state_bytes"] < out["bytes_per_switch"] < 2 * out["state_bytes"], "one state loaded per switch"
     assert out["ratio"] == out["switch_gbps"] / out["memcpy_gbps"]
+    # the wall time of a whole switching call, against the copy timed by the same (host) clock
+    assert out["switch_wall_s"] >= out["load_s"] > 0, "a switching call's wall time includes its load"
+    assert out["noop_wall_s"] > 0 and out["copy_wall_s"] > 0 and out["copy_event_s"] > 0
+    assert out["wall_ratio"] == out["copy_wall_s"] / out["switch_wall_s"]
     # a step's forward_backward copies the gradients back (4 B/param), its optim_step weights and moments (12):
     # the whole state once, where writing it all back after both would copy it twice; the gradients are zeroed
     assert out["writeback_bytes_per_step"] == out["trainer_state_bytes"]
@@ -35,6 +39,9 @@ def test_bench_prefetch_json(capsys):
     assert out["calls"] == 2 * 2 * 2, "two jobs, two models each, two rounds"
     assert 0 < out["prefetched_loads"] <= out["loads_on"], "jobs taking turns on one device prefetch their next state"
     assert 0.0 <= out["hidden_fraction"] <= 1.0
+    # its bound: a load hides behind at most the call before it
+    assert out["hidden_fraction_bound"] == min(1.0, out["exec_s_per_call"] / out["load_s_per_load"]) > 0
+    assert out["hidden_of_bound"] == out["hidden_fraction"] / out["hidden_fraction_bound"]
     assert 0 <= out["switch_in_s_per_call_on"] and 0 < out["switch_in_s_per_call_off"]
 
 
@@ -74,6 +81,8 @@ def test_bench_sample_json_vllm(capsys):
     assert out["vllm_vs_hf"] == out["vllm_tokens_per_s"] / out["hf_tokens_per_s"]
     assert out["vllm_switches"] == 2, "two jobs' states taking turns: every call after the first round is a switch"
     assert out["vllm_push_bytes"] == out["state_bytes"] and out["vllm_switch_in_s"] > 0
+    assert out["vllm_push_copy_s"] > 0, "the push's reference: its bytes over a copy's speed measured in this run"
+    assert out["vllm_switch_in_vs_copy"] == out["vllm_switch_in_s"] / out["vllm_push_copy_s"]
     assert out["vllm_sleep"].startswith("sleep skipped"), "vLLM's sleep mode is CUDA-only"
     assert out["budget_engine_bytes"] > 0
     check_sample_budget(out)

@@ -13,7 +13,8 @@ Invariants checked:
   the GPU with a ConfigError naming device_memory_bytes: never a CUDA out-of-memory crash;
 - precision "auto" is bf16 on CUDA: 2 B/param snapshots that sample what their bf16 weights give
   run directly, trainers in mixed precision, TF32 allowed for float32 matmuls; under "fp32" the
-  float32 matmuls stay IEEE float32 (TF32 off for matmuls and cuDNN).
+  float32 matmuls stay IEEE float32 (TF32 off for matmuls and cuDNN);
+- logical devices sharing a GPU compute on CUDA streams of their own, none the default stream.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ pytestmark = [pytest.mark.cuda,
 
 MiB = 1 << 20
 TIMEOUT_S = 300
+PINNED_BYTES_KEY = "allocated_bytes.current"  # torch.cuda.host_memory_stats(): the caching host allocator's bytes
+
+
+def pinned_host_bytes() -> int:
+    """What PyTorch's caching host allocator holds (a missing key fails: never a silent 0)."""
+    stats = torch.cuda.host_memory_stats()
+    return stats[PINNED_BYTES_KEY] if stats else 0  # {}: CUDA not initialised yet in this process
 
 
 def trainer_bytes(model: str) -> int:
@@ -74,7 +82,7 @@ def test_a_multiplexed_job_equals_the_job_alone_on_cuda(engine, tiny_model, alon
 def test_host_buffers_are_page_locked_at_their_size_and_unlocked_when_let_go(tiny_model):
     from plexrl.engines.local import LocalCluster
 
-    held = torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0)  # the caching host allocator's
+    held = pinned_host_bytes()
     with LocalCluster(devices=1, torch_device="cuda") as cluster:
         trainer = cluster.service_client("pin").create_training_client(tiny_model)
         trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
@@ -82,7 +90,7 @@ def test_host_buffers_are_page_locked_at_their_size_and_unlocked_when_let_go(tin
         path, mapping = worker._mapped[trainer.state.state_id]
         assert mapping.is_pinned(), "the worker's mapping of the host buffer is not page-locked"
         assert mapping.numel() * 4 == trainer.state.host_bytes
-        assert torch.cuda.host_memory_stats().get("allocated_bytes.all.current", 0) == held, (
+        assert pinned_host_bytes() == held, (
             "PyTorch's caching host allocator holds memory for the host buffers: the host budget would lie")
         cluster.finish_job("pin")
         assert trainer.state.state_id not in worker._mapped
@@ -201,3 +209,20 @@ def test_clusters_one_after_another_in_one_process_page_lock_their_buffers(tiny_
             worker = cluster.workers[0].target
             assert worker._mapped, "the trainer's host buffer is mapped (and page-locked) while it is resident"
         assert not worker._mapped and worker.arena._buffer is None, "closing let every mapping and the arena go"
+
+
+def test_logical_devices_on_one_gpu_compute_on_streams_of_their_own(tiny_model):
+    """On the default stream, one device's CUDA-event times would include the kernels the other
+    devices on its GPU queued in between."""
+    from plexrl.engines.local import LocalCluster
+
+    with LocalCluster(devices=2, torch_device="cuda") as cluster:
+        trainer = cluster.service_client("streams").create_training_client(tiny_model)
+        trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)  # a call ran inside one of them
+        workers = [cluster.workers[d].target for d in (0, 1)]
+        streams = []
+        for worker in workers:
+            with worker.streams.computing():
+                streams.append(torch.cuda.current_stream(worker.torch_device))
+    defaults = {torch.cuda.default_stream(worker.torch_device) for worker in workers}
+    assert streams[0] != streams[1] and not defaults & set(streams), streams

@@ -3,7 +3,8 @@ everything PlexRL may use on a device; states get the budget less the activation
 largest model hosted, the vLLM engines' shares and the shared LoRA bases.
 
 - the reserve is measured (> 0) by running the backend on a reference batch, the same figure every
-  time, and it grows with the batch and with the model;
+  time, and it grows with the batch and with the model; a bf16 cluster's under its trainers'
+  autocast, the bf16 weight copies included;
 - the policy's view, the placer's model sizes and the arenas see the net figure;
 - a state that fits the raw budget but not the net one is refused, naming the reserve;
 - a reserve set by hand is used as it is;
@@ -67,6 +68,21 @@ def test_the_reserve_is_measured_and_grows_with_the_batch_and_the_model(tiny_mod
         f"beside its KV cache ({kv:,})")
     assert large >= 1.9 * default, "twice the tokens (two sequences) need about twice the activations"
     assert measure_reserve(load_module(wide_model), None, "cpu") > default, "a wider model needs a larger reserve"
+
+
+def test_a_bf16_cluster_measures_the_reserve_under_its_trainers_autocast(tiny_model):
+    """A bf16 trainer runs under autocast, whose forward keeps a bf16 copy of every weight it
+    multiplies for backward: on a short probe those copies outweigh the activations, and a probe
+    run in float32 (as it was) sized the reserve below what the trainer takes."""
+    with plexrl.LocalCluster(devices=1, precision="bf16", activation_probe_tokens=8,
+                             device_memory_bytes=64 * MiB) as cluster:
+        cluster.service_client("bf16").create_training_client(tiny_model)
+        reserve = cluster.metrics()["device_budget"][0]["activation_reserve_bytes"]
+    module = load_module(tiny_model)
+    copies = 2 * sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+    assert reserve == measure_reserve(module, 8, "cpu", autocast=torch.bfloat16)
+    assert reserve >= copies > measure_reserve(module, 8, "cpu"), (
+        f"the bf16 reserve {reserve:,} must hold the weights' bf16 copies ({copies:,} bytes)")
 
 
 def test_the_views_see_the_budget_less_the_reserve(tiny_model):

@@ -97,7 +97,7 @@ def test_plexrl_run_passes_the_device_on(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(jobs_file, "load", lambda path: "spec")
-    monkeypatch.setattr(jobs_file, "run", lambda spec, on_step=None, engine="process", device="auto", precision="auto":
+    monkeypatch.setattr(jobs_file, "run", lambda spec, on_step=None, engine="process", device="auto", precision="auto", **_:
                         seen.update(engine=engine, device=device, precision=precision) or {"jobs": []})
     assert jobs_file.main(["jobs.yaml", "--json", "--engine", "local", "--device", "cpu", "--precision", "bf16"]) == 0
     assert seen == {"engine": "local", "device": "cpu", "precision": "bf16"}
@@ -188,3 +188,61 @@ def test_the_libraries_mapped_into_this_process_are_found_by_name():
     assert any(os.path.basename(path).startswith("libtorch") for path in cuda.loaded_libraries("libtorch")), (
         "torch's libraries were not found among this process's mappings")
     assert cuda.loaded_libraries("libplexrl-no-such-library.so") == []
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("devices, budget, gpus, refused", [
+    (1, 70 * GiB, [80 * GiB], None),
+    (2, 40 * GiB, [80 * GiB], None),  # exactly the GPU
+    (3, 30 * GiB, [80 * GiB], "GPU 0 hosts 3 of them, 96,636,764,160 bytes"),
+    (3, 30 * GiB, [80 * GiB, 80 * GiB], None),  # round robin: two on GPU 0, one on GPU 1
+    (5, 30 * GiB, [80 * GiB, 80 * GiB], "GPU 0 hosts 3 of them"),
+    (4, 30 * GiB, [80 * GiB, 40 * GiB], "GPU 1 hosts 2 of them"),
+])
+def test_the_devices_sharing_a_gpu_fit_it(devices, budget, gpus, refused):
+    if refused is None:
+        cuda.check_gpus_hold(devices, budget, gpus)
+        return
+    with pytest.raises(errors.ConfigError, match=refused) as caught:
+        cuda.check_gpus_hold(devices, budget, gpus)
+    sharing = int(refused.split("hosts ")[1].split()[0])
+    assert f"expected device_memory_bytes <= {gpus[int(refused.split()[1])] // sharing:,}" in str(caught.value)
+
+
+def test_a_local_cluster_checks_its_devices_budgets_against_the_gpus(monkeypatch):
+    """Before anything starts: four devices of 30 GiB on one 80 GiB GPU are refused."""
+    from types import SimpleNamespace
+
+    from plexrl.engines.local import LocalCluster
+    from plexrl.runtime.config import ClusterConfig
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * GiB))
+    config = ClusterConfig(devices_per_node=4, device_memory_bytes=30 * GiB)
+    with pytest.raises(errors.ConfigError, match="GPU 0 hosts 4 of them"):
+        LocalCluster._check_gpus(None, config, "cuda")
+    LocalCluster._check_gpus(None, ClusterConfig(devices_per_node=4, device_memory_bytes=20 * GiB), "cuda")
+
+
+def test_a_host_buffer_the_shared_memory_cannot_hold_is_refused_not_a_sigbus(tmp_path, monkeypatch):
+    """A file is made without its pages: on a /dev/shm too small the first write past its room
+    kills the process with SIGBUS. The buffer is refused beforehand, saying what to change, counting
+    the pages the node's other buffers have not taken yet."""
+    import os
+    from types import SimpleNamespace
+
+    from plexrl.runtime import host_buffers
+
+    buffers = host_buffers.SharedHostBuffers(tmp_path / "node0")
+    monkeypatch.setattr(host_buffers.os, "statvfs", lambda path: SimpleNamespace(f_bavail=5, f_frsize=1 << 19))
+    first = buffers.allocate(2 << 20)  # 2 MiB of 2.5 free, none of its pages taken yet
+    with pytest.raises(errors.ConfigError, match=r"(?s)1,048,576 bytes does not fit .*2,621,440 bytes free, "
+                                                 r"2,097,152 of them promised.*SIGBUS.*--shm-size"):
+        buffers.allocate(1 << 20)
+    assert sorted(os.listdir(tmp_path / "node0")) == ["host-0.f32", host_buffers.OWNER], "no file for the refused one"
+    first.fill_(1.0)  # its pages taken: they are no longer counted as promised
+    monkeypatch.setattr(host_buffers.os, "statvfs", lambda path: SimpleNamespace(f_bavail=1, f_frsize=1 << 20))
+    buffers.allocate(1 << 20)
+    buffers.release_all()

@@ -85,6 +85,21 @@ def cluster(model_dir, tiny_model):
         yield c
 
 
+@pytest.fixture
+def open_job(cluster):
+    """Opens service clients on the module's cluster, each closed when the test ends: a job left
+    open keeps its room, and a later test's jobs would wait in admission for it (bounded here)."""
+    opened = []
+
+    def open_(job: str):
+        opened.append(cluster.service_client(job=job, admission_timeout=TIMEOUT))
+        return opened[-1]
+
+    yield open_
+    for service in opened:
+        service.close()
+
+
 def engines(cluster) -> dict:
     """The vLLM engines of the local engine's device 0, by base model folder."""
     return cluster.workers[0].target.samplers.engines
@@ -142,8 +157,8 @@ CASES = [  # (name, max_tokens, num_samples, stop: None, or stop on the 4th gree
 
 @needs_vllm
 @pytest.mark.parametrize("name, max_tokens, num, stop", CASES, ids=[c[0] for c in CASES])
-def test_greedy_matches_the_hf_sampler(cluster, model_dir, name, max_tokens, num, stop):
-    service = cluster.service_client(job=f"greedy{CASES.index((name, max_tokens, num, stop))}")
+def test_greedy_matches_the_hf_sampler(open_job, model_dir, name, max_tokens, num, stop):
+    service = open_job(f"greedy{CASES.index((name, max_tokens, num, stop))}")
     hf = service.create_sampling_client(model_dir, name="hf")
     vllm = service.create_sampling_client(model_dir, name="vllm", sampler="vllm")
     start = prompt(5, 6, 7, 8)
@@ -159,17 +174,16 @@ def test_greedy_matches_the_hf_sampler(cluster, model_dir, name, max_tokens, num
     if stop is not None:
         tokens = expected.sequences[0].tokens
         assert expected.sequences[0].stop_reason == "stop" and len(tokens) <= 4, f"{name}: {tokens} did not stop"
-    service.close()
 
 
 @needs_vllm
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_logprobs_are_the_tempered_model_logprobs(cluster, model_dir, temperature):
+def test_sampled_logprobs_are_the_tempered_model_logprobs(open_job, model_dir, temperature):
     """At T, a sampled token's log-prob is log softmax(logits / T) (HF's convention, no top-k/p),
     checked against the HF model run on prompt + completion."""
     from plexrl.runtime.state import load_module
 
-    vllm = cluster.service_client(job="tempered").create_sampling_client(model_dir, name=f"v{temperature}",
+    vllm = open_job("tempered").create_sampling_client(model_dir, name=f"v{temperature}",
                                                                         sampler="vllm")
     params = plexrl.SamplingParams(max_tokens=12, temperature=temperature, seed=11)
     start = [5, 6, 7, 8]
@@ -218,9 +232,9 @@ def test_a_coalesced_batch_goes_to_the_engine_at_once_with_the_hf_results(cluste
 # ---------------------------------------------------------------------------- weights and switches
 
 @needs_vllm
-def test_weight_pushes_follow_training(cluster, model_dir):
+def test_weight_pushes_follow_training(cluster, open_job, model_dir):
     """After each training step the vLLM snapshot gives what the HF snapshot of the same sync gives."""
-    trainer = cluster.service_client(job="push").create_training_client(model_dir, seed=0)
+    trainer = open_job("push").create_training_client(model_dir, seed=0)
     seen = []
     for step in range(3):
         hf = trainer.save_weights_and_get_sampling_client("hf-snap")
@@ -236,11 +250,11 @@ def test_weight_pushes_follow_training(cluster, model_dir):
 
 
 @needs_vllm
-def test_two_jobs_snapshots_switch_on_one_engine(cluster, model_dir):
+def test_two_jobs_snapshots_switch_on_one_engine(cluster, open_job, model_dir):
     """Alternating calls on two jobs' snapshots of one base on one device: each gets its own weights'."""
     pairs = {}
     for job, seed in (("left", 1), ("right", 2)):
-        trainer = cluster.service_client(job=job).create_training_client(model_dir, seed=seed)
+        trainer = open_job(job).create_training_client(model_dir, seed=seed)
         train(trainer, seed=100 + seed, steps=3)
         pairs[job] = (trainer.save_weights_and_get_sampling_client("hf"),
                       trainer.save_weights_and_get_sampling_client("v", sampler="vllm"))
@@ -257,28 +271,36 @@ def test_two_jobs_snapshots_switch_on_one_engine(cluster, model_dir):
 
 @needs_vllm
 def test_multiplexed_rl_job_on_vllm_matches_it_alone(cluster, model_dir):
+    """The job alone first, then closed: the pair would otherwise wait for its room in admission
+    (make test-vllm hung there). Every wait is bounded: rl_job's admission, the threads' joins."""
     alone_rewards: list = []
     alone = rl_job(cluster, "alone", model_dir, seed=4, steps=3, sampler="vllm", rewards=alone_rewards)
+    alone_weights = weights(cluster, alone)
+    cluster.finish_job("alone")
     rewards = {"mux": [], "other": []}
     clients = {}
 
     def run(job, seed):
         clients[job] = rl_job(cluster, job, model_dir, seed=seed, steps=3, sampler="vllm", rewards=rewards[job])
 
-    threads = [threading.Thread(target=run, args=args) for args in (("mux", 4), ("other", 5))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
-    assert set(clients) == {"mux", "other"}, "a job of the multiplexed pair did not finish"
-    assert rewards["mux"] == alone_rewards, f"multiplexed {rewards['mux']} vs alone {alone_rewards}"
-    assert rewards["other"] != alone_rewards, "the other job (another seed) got the same rewards: nothing to tell"
-    assert torch.equal(weights(cluster, clients["mux"]), weights(cluster, alone)), "weights differ from the job alone"
+    threads = [threading.Thread(target=run, args=args, daemon=True) for args in (("mux", 4), ("other", 5))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert set(clients) == {"mux", "other"}, "a job of the multiplexed pair did not finish"
+        assert rewards["mux"] == alone_rewards, f"multiplexed {rewards['mux']} vs alone {alone_rewards}"
+        assert rewards["other"] != alone_rewards, "the other job (another seed) got the same rewards: nothing to tell"
+        assert torch.equal(weights(cluster, clients["mux"]), alone_weights), "weights differ from the job alone"
+    finally:
+        for job in ("mux", "other"):
+            cluster.finish_job(job)
 
 
 @needs_vllm
-def test_sleep_and_wake_are_skipped_on_cpu_with_the_reason(cluster, model_dir, caplog):
-    client = cluster.service_client(job="sleepy").create_sampling_client(model_dir, name="v", sampler="vllm")
+def test_sleep_and_wake_are_skipped_on_cpu_with_the_reason(cluster, open_job, model_dir, caplog):
+    client = open_job("sleepy").create_sampling_client(model_dir, name="v", sampler="vllm")
     before = greedy_probe(client)
     engine = engines(cluster)[model_dir]
     held, skipped = engine.held, len(engine.skipped)
@@ -291,13 +313,13 @@ def test_sleep_and_wake_are_skipped_on_cpu_with_the_reason(cluster, model_dir, c
 
 
 @needs_vllm
-def test_a_model_vllm_cannot_run_fails_the_call_with_vllms_reason(cluster, tiny_model):
+def test_a_model_vllm_cannot_run_fails_the_call_with_vllms_reason(cluster, open_job, tiny_model):
     """conftest's tiny model has head_dim 16, which vLLM's CPU attention refuses: the call fails
     with that reason (and the engine's log), the cluster carries on."""
-    client = cluster.service_client(job="hd16").create_sampling_client(tiny_model, name="v", sampler="vllm")
+    client = open_job("hd16").create_sampling_client(tiny_model, name="v", sampler="vllm")
     with pytest.raises(errors.ExecutionError, match=r"(?s)head_dim=16.*its log: /"):
         client.sample(prompt(5, 6, 7), 1, plexrl.SamplingParams(max_tokens=4, temperature=0.0)).result(TIMEOUT)
-    reference = cluster.service_client(job="hd16-hf").create_sampling_client(tiny_model, name="hf")
+    reference = open_job("hd16-hf").create_sampling_client(tiny_model, name="hf")
     assert len(reference.sample(prompt(5, 6, 7), 1, plexrl.SamplingParams(max_tokens=4)).result(TIMEOUT).sequences) == 1
 
 

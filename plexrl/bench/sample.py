@@ -22,8 +22,10 @@ anyway, vLLM drops them) serves three frozen states of one base model on the dev
    (level 2, CUDA; skipped on CPU, `vllm_sleep` says why), switch-in copies the state into the
    arena, wakes the engine and pushes the state's weights from its host buffer (a `load`
    transition's seconds include the push: device_worker._load). Medians over `--switches`, the
-   first round left out (a state's first push maps a fresh file). The target on GPU for a
-   ~1B model: switch-in (wake + push) well under a second.
+   first round left out (a state's first push maps a fresh file). Its reference, measured in the
+   same run: `vllm_push_copy_s`, the push's bytes over a page-locked host-to-device copy's speed;
+   `vllm_switch_in_vs_copy` their ratio (the state's bytes move twice, into the arena and into the
+   engine, so 2 is its floor; the target on GPU: <= 4, the wake and the rest in what is left).
 
 vLLM runs when the runtime can start it (`PLEXRL_VLLM_PYTHON`, samplers/vllm_sampler.py); else
 the HF figures come with `vllm_skipped`, the reason, and the command still succeeds.
@@ -216,6 +218,12 @@ def run(args) -> dict:
                 result.update({f"vllm_{k}": v for k, v in switches(cluster, clients["vllm"], prompt,
                                                                     args.switches).items()})
     result["state_bytes"] = state_bytes
+    if skipped is None:  # the push's reference: its bytes over a page-locked host-to-device copy's speed, this run
+        from plexrl.bench.switch import memcpy_gbps
+
+        result["vllm_push_copy_s"] = result["vllm_push_bytes"] / (memcpy_gbps(result["vllm_push_bytes"], 4,
+                                                                               args.device, threads=args.threads) * 1e9)
+        result["vllm_switch_in_vs_copy"] = result["vllm_switch_in_s"] / result["vllm_push_copy_s"]
     if skipped is not None:
         result["vllm_skipped"] = skipped
     elif "hf" in samplers:

@@ -4,12 +4,19 @@ the same size measured in the same run (the physical reference).
 
 Two frozen states of about SIZE bytes alternate on one device whose arena holds one of them, so
 every call is a switch: the resident state goes back to its host copy (which write-through keeps
-current: nothing to copy) and the other one is loaded (SIZE bytes in). The figure is the loaded
-bytes over the load's own time, as the runtime records it. On CPU a device is a logical one
-copying with its own threads (threads_per_device, 1 by default), and the reference copy runs
-with as many (`memcpy_gbps_all_threads`: every core, for scale). With a CUDA device the arena is
-device memory; the reference is then the host-to-device copy from a host buffer page-locked at
-its size (cudaHostRegister, as the runtime's own are), and a load is timed by CUDA events.
+current: nothing to copy) and the other one is loaded (SIZE bytes in). Two figures, each against
+the reference copy of the same bytes timed with the same clock in the same run:
+- `ratio`: the load's own time as the runtime records it (CUDA events on CUDA) against the copy
+  timed by events (`copy_event_s`): the copy engine's part of a switch, close to 1 by design;
+- `wall_ratio`: the wall time of a whole switching call as the job sees it (a no-op call on the
+  other state, submitted and waited for: planning, mapping, registering, binding and the load)
+  against the copy timed by the host clock (`copy_wall_s`), with `noop_wall_s`, the same call
+  without a switch, for what a call costs anyway. This is the figure a slow switch shows in.
+On CPU a device is a logical one copying with its own threads (threads_per_device, 1 by default),
+the reference copy runs with as many (`memcpy_gbps_all_threads`: every core, for scale) and both
+clocks are the host's. With a CUDA device the arena is device memory and the reference is the
+host-to-device copy from a host buffer page-locked at its size (cudaHostRegister, as the
+runtime's own are).
 
 Then the write-back of an RL-like loop (weight sync, sample, log-probs, forward_backward,
 optim_step) on a trainer of about SIZE bytes (weights, gradients, both moments): the bytes and
@@ -45,9 +52,11 @@ def model_shape(nbytes: int) -> tuple[int, int]:
     return max(64, int(math.sqrt(nbytes / LAYER_BYTES_PER_WIDTH2)) // 64 * 64), 1
 
 
-def switch_gbps(nbytes: int, repeats: int, device: str, precision: str = "auto") -> tuple[float, int]:
-    """(GB/s of the loads, bytes per load) over `repeats` switches between two states of about
-    `nbytes` each, in their `precision`'s dtype (an arena holds one and a half of them)."""
+def switch_times(nbytes: int, repeats: int, device: str, precision: str = "auto") -> dict:
+    """Median seconds of `repeats` switches between two states of about `nbytes` each, in their
+    `precision`'s dtype (an arena holds one and a half of them): `load_s` (the runtime's clock),
+    `switch_wall_s` (a switching call, host clock), `noop_wall_s` (a call on the resident state),
+    and `bytes_per_switch`."""
     from plexrl.engines.local import LocalCluster
     from plexrl.models.tiny import make_tiny_model, parameter_count
     from plexrl.runtime import precision as precisions
@@ -59,15 +68,26 @@ def switch_gbps(nbytes: int, repeats: int, device: str, precision: str = "auto")
         model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
                                 intermediate_size=round(2.75 * width))
         state_bytes = per_weight * parameter_count(model)
-        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device)  # and the activation reserve
+        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device, precision=precision)
         with LocalCluster(devices=1, device_memory_bytes=budget, host_memory_bytes=4 * state_bytes,
                           torch_device=device, precision=precision, workdir=f"{folder}/cluster") as cluster:
             service = cluster.service_client("bench")
             states = [service.create_sampling_client(model, name=name).state for name in ("a", "b")]
-            for i in range(repeats + 2):
-                cluster.submit(states[i % 2], "noop", None).result()
+            switching, resident = [], []
+            for i in range(repeats + 2):  # the first two map their fresh files: left out
+                switching.append(_call_wall_s(cluster, states[i % 2]))
+                resident.append(_call_wall_s(cluster, states[i % 2]))
             loads = [e for e in cluster.events() if e["event"] == "transition" and e["kind"] == "load"][2:]
-    return median([e["bytes"] / e["seconds"] for e in loads]) / 1e9, loads[-1]["bytes"]
+    if not loads:
+        raise RuntimeError(f"no load in {repeats} switching calls; expected the arena to hold one of the two states")
+    return {"load_s": median([e["seconds"] for e in loads]), "switch_wall_s": median(switching[2:]),
+            "noop_wall_s": median(resident[2:]), "bytes_per_switch": loads[-1]["bytes"]}
+
+
+def _call_wall_s(cluster, state) -> float:
+    t0 = time.perf_counter()
+    cluster.submit(state, "noop", None).result()
+    return time.perf_counter() - t0
 
 
 def writeback_per_step(nbytes: int, steps: int, device: str, precision: str = "auto") -> dict:
@@ -82,7 +102,7 @@ def writeback_per_step(nbytes: int, steps: int, device: str, precision: str = "a
         model = make_tiny_model(f"{folder}/model", hidden_size=width, num_layers=layers, num_heads=width // 64,
                                 intermediate_size=round(2.75 * width))
         state_bytes = 16 * parameter_count(model)
-        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device)  # and the activation reserve
+        budget = state_bytes * 3 // 2 + reserve_of(str(model), torch_device=device, precision=precision)
         with LocalCluster(devices=1, device_memory_bytes=budget, host_memory_bytes=3 * state_bytes,
                           torch_device=device, precision=precision, workdir=f"{folder}/cluster") as cluster:
             trainer = cluster.service_client("bench").create_training_client(model)
@@ -109,9 +129,16 @@ def writeback_per_step(nbytes: int, steps: int, device: str, precision: str = "a
 
 
 def memcpy_gbps(nbytes: int, repeats: int, device: str, to_host: bool = False, threads: int | None = None) -> float:
-    """GB/s of copy_ between preallocated buffers of `nbytes`; on CPU with `threads` intra-op
-    threads (None: this process's count) — a logical CPU device copies with its own
-    threads_per_device, so that is its physical reference, not every core of the machine."""
+    """GB/s of copy_ between preallocated buffers of `nbytes` (host clock)."""
+    return nbytes / copy_times(nbytes, repeats, device, to_host, threads)["copy_wall_s"] / 1e9
+
+
+def copy_times(nbytes: int, repeats: int, device: str, to_host: bool = False, threads: int | None = None) -> dict:
+    """Median seconds of copy_ between preallocated buffers of `nbytes`, by the host clock
+    (`copy_wall_s`: synchronised before and after) and by the clock the runtime times its loads
+    with (`copy_event_s`: CUDA events around the copy on CUDA, the host clock on CPU); on CPU with
+    `threads` intra-op threads (None: this process's count) — a logical CPU device copies with
+    its own threads_per_device, so that is its physical reference, not every core of the machine."""
     from plexrl.runtime import cuda
 
     host = torch.empty(nbytes // 4, dtype=torch.float32)
@@ -121,26 +148,31 @@ def memcpy_gbps(nbytes: int, repeats: int, device: str, to_host: bool = False, t
     if threads is not None and not device.startswith("cuda"):
         torch.set_num_threads(threads)
     try:
-        return _copy_gbps(host, torch.empty(nbytes // 4, dtype=torch.float32, device=device), repeats, device,
-                          to_host)
+        return _copy_times(host, torch.empty(nbytes // 4, dtype=torch.float32, device=device), repeats, device,
+                           to_host)
     finally:
         torch.set_num_threads(before)
         streams.unregister(host)
 
 
-def _copy_gbps(host: torch.Tensor, arena: torch.Tensor, repeats: int, device: str, to_host: bool) -> float:
-    nbytes = host.numel() * 4
+def _copy_times(host: torch.Tensor, arena: torch.Tensor, repeats: int, device: str, to_host: bool) -> dict:
+    from plexrl.runtime.cuda import Span
+
     src, dst = (arena, host) if to_host else (host, arena)
     src.fill_(1.0)
     dst.copy_(src)  # first touch
-    times = []
+    walls, events = [], []
+    on_cuda = device.startswith("cuda")
     for _ in range(repeats):
         _sync(device)
         t0 = time.perf_counter()
-        dst.copy_(src)
+        span = Span(torch.cuda.current_stream(device) if on_cuda else None)
+        dst.copy_(src, non_blocking=on_cuda)
+        span.stop()
         _sync(device)
-        times.append(time.perf_counter() - t0)
-    return nbytes / median(times) / 1e9
+        walls.append(time.perf_counter() - t0)
+        events.append(span.seconds())
+    return {"copy_wall_s": median(walls), "copy_event_s": median(events)}
 
 
 def _sync(device: str) -> None:
@@ -167,10 +199,13 @@ def main(argv: list[str]) -> int:
     devices = {"auto": ["cpu"] + (["cuda"] if torch.cuda.is_available() else []), "cpu": ["cpu"],
                "cuda": ["cuda"]}[args.device]
     for device in devices:
-        switch, moved = switch_gbps(nbytes, args.repeats, device, args.precision)
-        reference = memcpy_gbps(moved, max(args.repeats, 8), device, threads=DEVICE_THREADS)  # the same bytes
-        figures = {"switch_gbps": switch, "memcpy_gbps": reference, "ratio": switch / reference,
-                   "bytes_per_switch": moved}
+        figures = switch_times(nbytes, args.repeats, device, args.precision)
+        moved = figures["bytes_per_switch"]
+        figures.update(copy_times(moved, max(args.repeats, 8), device, threads=DEVICE_THREADS))  # the same bytes
+        figures.update(switch_gbps=moved / figures["load_s"] / 1e9, memcpy_gbps=moved / figures["copy_event_s"] / 1e9,
+                       memcpy_wall_gbps=moved / figures["copy_wall_s"] / 1e9,
+                       wall_ratio=figures["copy_wall_s"] / figures["switch_wall_s"])
+        figures["ratio"] = figures["switch_gbps"] / figures["memcpy_gbps"]
         if device == "cpu":  # for scale: the same copy on every core of this machine
             figures["memcpy_gbps_all_threads"] = memcpy_gbps(moved, max(args.repeats, 8), device)
         if args.rl_steps > 0:

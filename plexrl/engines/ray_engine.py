@@ -91,6 +91,9 @@ class RayCluster(Front):
         it a real one), since the driver's machine may have no GPU of its own."""
         return setting
 
+    def _check_gpus(self, config, torch_device: str) -> None:
+        """Nothing here: Ray gives each worker a GPU of its own (num_gpus=1), on its own machine."""
+
     def _device_name(self, torch_device: str, index: int) -> str:
         return torch_device  # Ray shows each worker actor only its own GPU (num_gpus=1): "cuda" is that one
 

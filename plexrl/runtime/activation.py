@@ -11,7 +11,9 @@ positions):
 1) a forward_backward (cross_entropy over every position), then
 2) a sample-sized forward: a prefill and a decode step of as many sequences, a KV cache of `tokens`,
 
-and taking the larger of their peaks beyond the copy's own weights and gradients.
+both under the autocast the cluster's trainers run under (precision "bf16", "auto" on CUDA:
+bfloat16, whose forward keeps a bf16 copy of each weight it multiplies for backward), and taking
+the larger of their peaks beyond the copy's own weights and gradients.
 
 How a peak is measured:
 - CUDA: the caching allocator's peak of reserved memory less what it held before the probe
@@ -51,9 +53,11 @@ from plexrl.runtime.state import FLOAT_BYTES, ModelState, skeleton_like
 DEFAULT_PROBE_TOKENS = 4096  # activation_probe_tokens=None: one sequence, at most this long
 
 
-def measure_reserve(template: torch.nn.Module, tokens: int | None, torch_device: str) -> int:
+def measure_reserve(template: torch.nn.Module, tokens: int | None, torch_device: str,
+                    autocast: torch.dtype | None = None) -> int:
     """Peak bytes beyond a trainable state of `template` that a forward_backward or a sample
-    of `tokens` tokens needs on `torch_device` (a multiple of FLOAT_BYTES)."""
+    of `tokens` tokens needs on `torch_device` (a multiple of FLOAT_BYTES), both run under
+    `autocast` as the cluster's trainers are (precision.state_dtypes)."""
     probe, flat = trainable_copy(template, torch_device)
     rows, length = batch_shape(probe.config, tokens)
     ids = [[(7 * (r * length + i) + 5) % probe.config.vocab_size for i in range(length + 1)] for r in range(rows)]
@@ -64,10 +68,10 @@ def measure_reserve(template: torch.nn.Module, tokens: int | None, torch_device:
         # non-zero ones also keeps a copy of them (execution.checked_backward), which is not its
         # activations (counted, a 512 MB model's reserve on a 32-token probe was 589 MB on an H100)
         flat[flat.numel() // 2:].zero_()  # the copy's gradients: trainable_copy's second half
-        execution.forward_backward(probe, datums, "cross_entropy")
+        execution.forward_backward(probe, datums, "cross_entropy", autocast=autocast)
 
     def sample():  # max_tokens=2: the decode step runs on the cache of every sequence
-        execution.sample(probe, ids[0][: length - 2], rows, SamplingParams(max_tokens=2), seed=0)
+        execution.sample(probe, ids[0][: length - 2], rows, SamplingParams(max_tokens=2), seed=0, autocast=autocast)
 
     try:
         if torch_device.startswith("cuda"):
@@ -87,11 +91,22 @@ def measure_reserve(template: torch.nn.Module, tokens: int | None, torch_device:
     return math.ceil(peak / FLOAT_BYTES) * FLOAT_BYTES
 
 
-def reserve_of(folder: str, tokens: int | None = None, torch_device: str = "cpu") -> int:
-    """The reserve a cluster measures for the model in `folder` (for sizing a budget before one exists)."""
+def reserve_of(folder: str, tokens: int | None = None, torch_device: str = "cpu", precision: str = "fp32") -> int:
+    """The reserve a cluster of `precision` measures for the model in `folder` (for sizing a
+    budget before one exists)."""
+    from plexrl.runtime import precision as precisions
     from plexrl.runtime.state import load_module
 
-    return measure_reserve(load_module(folder), tokens, torch_device)
+    autocast = trainer_autocast(precisions.resolve(precision, torch_device))
+    return measure_reserve(load_module(folder), tokens, torch_device, autocast)
+
+
+def trainer_autocast(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a full-parameter trainer under a resolved `precision`: the reserve is
+    measured under it (a bf16 trainer's forward keeps bf16 copies of its weights for backward)."""
+    from plexrl.runtime import precision as precisions
+
+    return precisions.state_dtypes(precision, True, None)[1]
 
 
 def batch_shape(config, tokens: int | None) -> tuple[int, int]:

@@ -11,6 +11,11 @@ times what it runs through one `Streams` object for its torch device:
   for its state's load; a write-back waits for the function's end, and is complete (synchronised)
   before the call returns (write-through). Times come from CUDA events, not from host clocks
   that stop before the device does;
+- each worker computes on a CUDA stream of its own (`computing`), not the device's default one:
+  several logical devices on one GPU (the local engine's threads) would otherwise queue behind
+  each other's kernels, and each one's event times would include the others'. The stream waits
+  for the default stream's earlier work when a call starts, and `finish` ends every call with
+  its work done, so what runs outside calls (measuring the reserve, reading weights) stays ordered;
 - on CPU, copies are plain `copy_`, a function's time is the thread's CPU time (the cores are
   shared with the controllers) and a copy's is wall time: what the runtime always did, bit for bit.
 
@@ -19,6 +24,7 @@ Out of scope here: what is copied (the worker decides) and when (the node plans 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
@@ -82,6 +88,19 @@ def _failed(code) -> str:
         return "unnamed"
 
 
+def check_gpus_hold(devices: int, device_memory_bytes: int, gpu_bytes: list[int]) -> None:
+    """`devices` logical devices go round robin onto GPUs of `gpu_bytes` each (the local and
+    process engines): a ConfigError when the budgets of one GPU's share exceed its memory, naming
+    the budget that would fit, instead of an arena that cannot be allocated on the third device."""
+    for gpu, total in enumerate(gpu_bytes):
+        sharing = len(range(gpu, devices, len(gpu_bytes)))
+        if sharing * device_memory_bytes > total:
+            raise errors.ConfigError(
+                f"{devices} devices of device_memory_bytes={device_memory_bytes:,} on {len(gpu_bytes)} GPU(s): "
+                f"GPU {gpu} hosts {sharing} of them, {sharing * device_memory_bytes:,} bytes, more than its "
+                f"{total:,}; expected device_memory_bytes <= {total // sharing:,}, or fewer devices")
+
+
 def loaded_libraries(name: str) -> list[str]:
     """Paths of the shared libraries whose file name starts with `name` mapped into this process."""
     try:
@@ -128,6 +147,7 @@ class Streams:
         self.cuda = torch_device.startswith("cuda")
         self.torch_device = torch_device
         self._copy = None  # the side stream, made on first use (constructors do no device work)
+        self._compute = None  # this worker's compute stream (`computing`), made on first use
         self._ahead = None  # CUDA: the prefetch stream; CPU: the prefetch thread (load_ahead)
         self._ahead_thread: ThreadPoolExecutor | None = None
 
@@ -136,6 +156,16 @@ class Streams:
         if self._copy is None:
             self._copy = torch.cuda.Stream(device=self.torch_device)
         return self._copy
+
+    def computing(self):
+        """A context in which this worker's calls run: on CUDA its own compute stream is the
+        current one (after the default stream's earlier work); on CPU nothing."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        if self._compute is None:
+            self._compute = torch.cuda.Stream(device=self.torch_device)
+        self._compute.wait_stream(torch.cuda.default_stream(self.torch_device))
+        return torch.cuda.stream(self._compute)
 
     def register(self, host: torch.Tensor) -> None:
         if self.cuda:

@@ -153,6 +153,10 @@ class DeviceWorker:
         around the function on the compute stream."""
         if torch.get_num_threads() != self.threads:  # per call: the executing thread may be a host's, not ours
             torch.set_num_threads(self.threads)
+        with self.streams.computing():  # on CUDA this device's own stream (runtime/cuda.py)
+            return self._execute(state_id, fn, payload, steps, prefetch)
+
+    def _execute(self, state_id: str, fn: str, payload, steps, prefetch) -> WorkerReply:
         spans = [self._transition(step) for step in steps]
         state = self.states.get(state_id)
         if state is None or state.tier is not Tier.DEVICE or state.device != self.device:
@@ -199,14 +203,17 @@ class DeviceWorker:
             return (*(span.seconds() for span in spans), copy_s), exposed_s
         return wait
 
-    def prepare(self, source: str, probe_tokens: int | None = None, measure: bool = True) -> tuple[int, int]:
+    def prepare(self, source: str, probe_tokens: int | None = None, measure: bool = True,
+                autocast: torch.dtype | None = None) -> tuple[int, int]:
         """Load a source's module template ahead of its first state here (the node calls this
         when a model is added), so a job's first call does not pay for it. Returns what a model
         of it needs on this device beside its state: (its activation reserve, measured once per
-        source when `measure` (runtime/activation.py), else 0; a vLLM engine's share of it)."""
+        source when `measure` (runtime/activation.py) under the trainers' `autocast`, else 0; a vLLM
+        engine's share of it)."""
         template = self._template(source)
         if measure and source not in self._reserves:
-            self._reserves[source] = activation.measure_reserve(template, probe_tokens, self.arena.torch_device)
+            self._reserves[source] = activation.measure_reserve(template, probe_tokens, self.arena.torch_device,
+                                                                autocast)
         weights = sum(p.numel() * p.element_size() for p in template.parameters())
         return self._reserves.get(source, 0), engine_share_bytes(self.arena.torch_device, weights)
 

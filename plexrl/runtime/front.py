@@ -69,6 +69,7 @@ class Front(NodeRecovery):
         self._tmp = tempfile.mkdtemp(prefix="plexrl-") if config.workdir is None else None
         workdir = Path(config.workdir or self._tmp)
         torch_device = self._torch_device(config.torch_device)
+        self._check_gpus(config, torch_device)
         node_ids = self._find_nodes(config)
         epoch = time.time()
         workers: dict[int, object] = {}
@@ -153,6 +154,18 @@ class Front(NodeRecovery):
         from plexrl.runtime.cuda import resolve_device
 
         return resolve_device(setting)
+
+    def _check_gpus(self, config: ClusterConfig, torch_device: str) -> None:
+        """On CUDA, the logical devices' budgets fit the GPUs this process sees, which they share
+        round robin (runtime/cuda.py: check_gpus_hold); nothing to check on CPU."""
+        if not torch_device.startswith("cuda"):
+            return
+        import torch
+
+        from plexrl.runtime.cuda import check_gpus_hold
+
+        gpus = [torch.cuda.get_device_properties(i).total_memory for i in range(max(1, torch.cuda.device_count()))]
+        check_gpus_hold(config.devices, config.device_memory_bytes, gpus)
 
     def _device_name(self, torch_device: str, index: int) -> str:
         """Device `index`'s torch device: logical devices share the GPUs this process sees."""

@@ -8,6 +8,11 @@ recovery restores from).
 
 Invariant: a buffer's file exists from `allocate` until `release`; paths are unique per node.
 
+Room: a file is made at its size without its pages (they are taken when first written), so a
+/dev/shm too small for it would let the mapping succeed and kill the process with SIGBUS, no
+Python error, at the first write past its room. A buffer is therefore only made when the folder's
+free bytes hold it and the untouched rest of this node's other buffers; else a ConfigError says so.
+
 Torn writes: a worker writes a state's host copy back (write-through) with its device's byte of
 the node's `writeback.flags` file set, and clears it after; a worker found dead with its byte set
 died midway, so that host copy is torn and must not be restored from (node.py).
@@ -24,6 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from plexrl.api import errors
 
 FLOAT_BYTES = 4
 WRITEBACK_FLAGS = "writeback.flags"
@@ -72,12 +79,32 @@ class SharedHostBuffers:
     def _new(self, name: str, nbytes: int, mapping: Callable[[Path, int], torch.Tensor]) -> torch.Tensor:
         """A zeroed file of `nbytes` in the folder, mapped by `mapping`, remembered for release."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._check_room(nbytes)
         path = self.folder / name
         with open(path, "wb") as f:
             os.ftruncate(f.fileno(), nbytes)
         tensor = mapping(path, nbytes)
         self._paths[tensor.data_ptr()] = path
         return tensor
+
+    def _check_room(self, nbytes: int) -> None:
+        """ConfigError unless the folder's free bytes hold `nbytes` more and the pages this
+        node's buffers have not taken yet (see the module docstring)."""
+        stat = os.statvfs(self.folder)
+        free = stat.f_bavail * stat.f_frsize
+        untaken = 0
+        for path in self._paths.values():
+            try:
+                info = path.stat()
+            except OSError:
+                continue
+            untaken += max(0, info.st_size - 512 * info.st_blocks)
+        if nbytes + untaken > free:
+            raise errors.ConfigError(
+                f"a host buffer of {nbytes:,} bytes does not fit {self.folder}: its file system has {free:,} bytes "
+                f"free, {untaken:,} of them promised to this node's other buffers; writing past the room would kill "
+                "the process with SIGBUS. Expected a larger /dev/shm (docker run --shm-size=...) or a smaller "
+                "host_memory_bytes or states")
 
     def path_of(self, tensor: torch.Tensor) -> Path:
         try:

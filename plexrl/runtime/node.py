@@ -48,7 +48,7 @@ from plexrl.api.cluster import StateHandle
 from plexrl.api.futures import APIFuture
 from plexrl.api.types import LoraConfig
 from plexrl.policy import LoadPlan, Policy, Tier, Transition, TransitionKind
-from plexrl.runtime import functions, lora, precision, remote
+from plexrl.runtime import activation, functions, lora, precision, remote
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.device_worker import NotResident, StateSpec, WorkerReply, WorkerStep
 from plexrl.runtime.events import EventLog
@@ -144,7 +144,8 @@ class Node:
                   lora_config: LoraConfig | None = None, sampler: str = "hf") -> StateHandle:
         check_vllm_state(sampler, lora_config)
         measure = self._reserve_by_hand is None
-        prepared = [worker.prepare.remote(source, self._probe_tokens, measure)  # meanwhile, there
+        autocast = activation.trainer_autocast(self._precision())  # the reserve is a trainer's
+        prepared = [worker.prepare.remote(source, self._probe_tokens, measure, autocast)  # meanwhile, there
                     for worker in self.workers.values()]
         module = load_module(source) if lora_config is None else self._lora_module(source, lora_config)
         dtype, autocast = precision.state_dtypes(self._precision(), trainable, lora_config)
