@@ -36,7 +36,7 @@ ROUNDS=${GPU_CHECK_ROUNDS:-6}               # bench prefetch's
 MODEL_SIZE=${GPU_CHECK_MODEL_SIZE:-1b}      # bench sample's
 SHM_MB=${GPU_CHECK_SHM_MB:-8192}            # host buffers the benches map at once (bench sample's 1B model: ~6 GiB)
 GPU_MB=${GPU_CHECK_GPU_MB:-24576}           # device memory the steps use at most (bench sample's budget and vLLM's)
-CUDA_TESTS=(tests/test_cuda.py tests/test_device_budget.py tests/test_read_replicas.py)
+CUDA_TESTS=(tests/test_cuda.py tests/test_device_budget.py tests/test_read_replicas.py tests/test_slot_decode.py)
 FINISH_S=20  # kept back from the deadline: a step's kill grace (10 s), the figures and the tarball
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false GPU_CHECK_STOPPED="" GPU_CHECK_DEVICE_NAME="" VLLM_SKIPPED=""
 mkdir -p "$OUT" && rm -f "$OUT/figures.json" "$OUT/logs.tar.gz" || exit 2

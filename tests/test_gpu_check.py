@@ -164,7 +164,9 @@ def test_vllm_figures_are_skipped_when_vllm_was_skipped(tmp_path, log, rc):
         assert found["figures"][name] == {"step": "bench-sample", "key": name.replace("_decode", ""),
                                           "target": found["figures"][name]["target"], "status": "skipped",
                                           "reason": "PLEXRL_VLLM_PYTHON is unset"}
-    assert found["failed_figures"] == [] and found["failed_steps"] == ["bench-sample"]
+    # the step's own figure (batched decode) fails with it: it wrote none; only vLLM's were skipped
+    assert found["failed_figures"] == ["batched_decode_of_bound"] and found["failed_steps"] == ["bench-sample"]
+    assert "wrote no figures" in found["figures"]["batched_decode_of_bound"]["reason"]
 
 
 def test_the_vllm_push_is_judged_against_its_bytes_over_the_copy_speed(tmp_path):

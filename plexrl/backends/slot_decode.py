@@ -149,8 +149,9 @@ class SlotLayer(StaticLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         index = self.write_at.view(-1, 1, 1, 1).expand(-1, key_states.shape[1], 1, key_states.shape[3])
-        self.keys.scatter_(2, index, key_states)
-        self.values.scatter_(2, index.expand(-1, -1, -1, value_states.shape[3]), value_states)
+        # in the cache's dtype: under autocast a layer's keys may come out wider than the cache (rotary in float32)
+        self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
+        self.values.scatter_(2, index.expand(-1, -1, -1, value_states.shape[3]), value_states.to(self.values.dtype))
         return self.keys, self.values
 
 
@@ -308,8 +309,9 @@ class SlotBatch:
 
     def _step(self) -> None:
         """One decode step of every slot, on the device: choose, record, stop, forward."""
-        noise = gumbel_noise(self.seed, self.sample, self.generated, self.logits.shape[-1])
-        token, logprob = choose(self.logits, self.temperature, self.top_k, self.top_p, noise, self.filters)
+        with torch.autocast(self.logits.device.type, enabled=False):  # the draw in float32, also in a bf16 cluster
+            noise = gumbel_noise(self.seed, self.sample, self.generated, self.logits.shape[-1])
+            token, logprob = choose(self.logits, self.temperature, self.top_k, self.top_p, noise, self.filters)
         self.row_steps += self.live.sum()
         column = torch.where(self.live, self.generated, self.out_tokens.shape[1] - 1)[:, None]
         self.out_tokens.scatter_(1, column, token[:, None])
