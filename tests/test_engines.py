@@ -282,7 +282,7 @@ METRICS_KEYS = {"switches", "device_busy_s", "transition_bytes", "transition_s",
                 "transitions", "jobs", "recovery", "residency", "bandwidth_gbps", "policy", "devices", "nodes",
                 "engine", "uptime_s", "placement", "migrations", "admission", "writebacks", "writeback_bytes",
                 "writeback_zeroed_bytes", "writeback_s", "prefetches", "prefetch_bytes", "prefetch_s",
-                "prefetch_exposed_s", "device_budget", "activation_reserves", "read_replicas"}
+                "prefetch_exposed_s", "device_budget", "activation_reserves", "read_replicas", "histograms", "queued"}
 
 
 def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):
