@@ -22,7 +22,7 @@ import pytest
 from plexrl.engines import hosting
 from plexrl.runtime import remote
 
-TIMEOUT_S = 60
+TIMEOUT_S = 180  # a bound on a hang: a child's first call waits for its imports, slow on a loaded machine
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the child cannot import a test module
 
 

@@ -135,6 +135,15 @@ def test_a_body_past_a_limit_is_refused_naming_it(world, route, body, status, fr
     assert_refused(world["h"].post(f"/api/v1/{route}", content=body(world), headers=headers), status, fragments)
 
 
+def test_an_id_that_is_a_slash_is_not_found_with_a_body(world):
+    """training_runs/%2F decodes to a path ending in "//": a 404 naming it, never a redirect with an
+    empty body (found by the property test below)."""
+    for path in ("/api/v1/training_runs/%2F", "/api/v1/training_runs/%2F/checkpoints", "/api/v1/samplers/%2F"):
+        answer = world["h"].get(path)
+        assert_clean(answer)
+        assert answer.status_code == 404 and answer.json()["detail"]
+
+
 def test_query_numbers_out_of_range_are_refused(world):
     h = world["h"]
     for query, fragment in (({"offset": str(2 ** 63)}, "offset="), ({"limit": "many"}, "limit='many'"),

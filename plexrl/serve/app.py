@@ -55,8 +55,10 @@ class JSON(JSONResponse):
 
 
 def create_app(service: Service) -> FastAPI:
+    # redirect_slashes off: a path whose id is "/" (training_runs/%2F) would get a 307 with an empty
+    # body, which the SDK takes for a proxy's answer; it gets a 404 that names it instead
     app = FastAPI(title="PlexRL (Tinker-compatible)", docs_url=None, redoc_url=None, openapi_url=None,
-                  default_response_class=JSON)
+                  default_response_class=JSON, redirect_slashes=False)
     app.state.service = service
     limits: EdgeLimits = service.edge
     pool = TenantPool(limits.workers, limits.tenant_share, limits.tenant_cpu)
