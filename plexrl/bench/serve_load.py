@@ -24,7 +24,6 @@ by a count and a deadline; the server is stopped at the end.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import re
@@ -342,12 +341,3 @@ def run(tenants: int, clients: int, steps: int, budget_s: float, abuse_rounds: b
         finally:
             server.stop()
     return result
-
-
-@contextlib.contextmanager
-def _quiet_sigint():
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
