@@ -148,6 +148,7 @@ step() {  # step NAME CAP COMMAND...: run under min(CAP, the time left), then th
     fi
     local limit=$((cap < left ? cap : left)) t0=$SECONDS
     echo "$limit" >"$STEPS_DIR/$name.limit"
+    : >"$STEPS_DIR/$name.log"  # before the figures say "running": a stop in between still leaves the step's log
     touch "$STEPS_DIR/$name.started"
     figures
     timeout --kill-after=10 "$limit" "$@" >"$STEPS_DIR/$name.log" 2>&1 &
