@@ -340,8 +340,8 @@ def test_served_over_the_network_equals_the_in_process_api(cluster, tiny_model, 
     from tinker import types
 
     from plexrl.serve.app import create_app
-    from plexrl.serve.server import Server
     from plexrl.serve.limits import Limits
+    from plexrl.serve.server import Server
     from plexrl.serve.service import TinkerService
     from plexrl.serve.store import Store
     from plexrl.serve.tenants import Tenants

@@ -18,8 +18,8 @@ from plexrl.api import errors  # noqa: E402
 from plexrl.engines.local import LocalCluster  # noqa: E402
 from plexrl.runtime.activity import BUCKETS_S  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
-from plexrl.serve.server import Server  # noqa: E402
 from plexrl.serve.limits import Limits  # noqa: E402
+from plexrl.serve.server import Server  # noqa: E402
 from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402

@@ -21,8 +21,8 @@ from tinker import types  # noqa: E402
 from plexrl.engines.local import LocalCluster  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
 from plexrl.serve.edge import EdgeLimits  # noqa: E402
-from plexrl.serve.server import Server  # noqa: E402
 from plexrl.serve.limits import Limits  # noqa: E402
+from plexrl.serve.server import Server  # noqa: E402
 from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402

@@ -42,4 +42,5 @@ async def heartbeat(raw: bytes = Depends(json_body), who: Caller = Depends(calle
 
 @router.post("/sessions/{session_id}/finish")
 async def finish(session_id: str, raw: bytes = Depends(json_body), who: Caller = Depends(caller)):
+    # the body is read (within its limit) and not used: finish takes its session from the path
     return await who.run(who.service.finish_session, who.tenant, session_id)
