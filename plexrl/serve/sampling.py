@@ -140,8 +140,9 @@ class SampleRun:
         self._run()
 
     def _run(self) -> None:
-        r = self.request
-        api_future = self.sampler.client.sample(r.prompt, r.num_samples, r.params, include_prompt_logprobs=r.prompt_logprobs)
+        asked = self.request
+        api_future = self.sampler.client.sample(asked.prompt, asked.num_samples, asked.params,
+                                                include_prompt_logprobs=asked.prompt_logprobs)
         self.submitted = True
         api_future.add_done_callback(self._finished)  # encodes only
 

@@ -48,7 +48,8 @@ async def forward(raw: bytes = Depends(protobuf_body), who: Caller = Depends(cal
 @router.post("/optim_step")
 async def optim_step(raw: bytes = Depends(json_body), who: Caller = Depends(caller)):
     calls = who.service.calls
-    return await who.handle(raw, lambda body: who.accepted(lambda: calls.optim_step(who.tenant, OptimStep.decode(body))))
+    return await who.handle(raw, lambda body: who.accepted(
+        lambda: calls.optim_step(who.tenant, OptimStep.decode(body))))
 
 
 @router.post("/save_weights")
