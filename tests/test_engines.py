@@ -340,8 +340,9 @@ def test_served_over_the_network_equals_the_in_process_api(cluster, tiny_model, 
     from tinker import types
 
     from plexrl.serve.app import create_app
+    from plexrl.serve.limits import Limits
     from plexrl.serve.server import Server
-    from plexrl.serve.service import Limits, Service
+    from plexrl.serve.service import TinkerService
     from plexrl.serve.store import Store
     from plexrl.serve.tenants import Tenants
 
@@ -352,7 +353,7 @@ def test_served_over_the_network_equals_the_in_process_api(cluster, tiny_model, 
     local.optim_step(plexrl.AdamParams(learning_rate=1e-2, beta2=0.95, eps=1e-12)).result(TIMEOUT_S)
     expected = local.forward([datum(ids)], "cross_entropy").result(TIMEOUT_S).loss_fn_outputs[0]["logprobs"].to_numpy()
 
-    service = Service(cluster, Store(tmp_path), {tiny_model: tiny_model}, Tenants(), Limits(poll_hold_s=1.0))
+    service = TinkerService(cluster, Store(tmp_path), {tiny_model: tiny_model}, Tenants(), Limits(poll_hold_s=1.0))
     with Server(create_app(service)) as server:
         client = tinker.ServiceClient(base_url=server.url, api_key="tml-engines-0123456789abcdef")
         remote = client.create_lora_training_client(tiny_model, rank=0).result(TIMEOUT_S)

@@ -25,8 +25,9 @@ from tinker import types  # noqa: E402
 from plexrl.engines.local import LocalCluster  # noqa: E402
 from plexrl.models.tiny import parameter_count  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
+from plexrl.serve.limits import Limits  # noqa: E402
 from plexrl.serve.server import Server  # noqa: E402
-from plexrl.serve.service import Limits, Service  # noqa: E402
+from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from tests.helpers import reserve_bytes  # noqa: E402
 from tests.test_observe_metrics import ALICE, BOB, OPERATOR, key_file  # noqa: E402
@@ -112,7 +113,7 @@ def test_dashboard_in_a_real_browser(tmp_path, tiny_model, chrome):
     cluster = LocalCluster(devices=2, checkpoint_dir=str(tmp_path / "scratch"),
                            device_memory_bytes=trainer_bytes + trainer_bytes // 4 + reserve_bytes(tiny_model))
     tenants = key_file(tmp_path, f"alice {ALICE}", f"bob {BOB}", f"@operator {OPERATOR}")
-    service = Service(cluster, Store(tmp_path / "state"), {tiny_model: tiny_model}, tenants, Limits(poll_hold_s=1.0))
+    service = TinkerService(cluster, Store(tmp_path / "state"), {tiny_model: tiny_model}, tenants, Limits(poll_hold_s=1.0))
     failures: list = []
     try:
         with Server(create_app(service)) as server:

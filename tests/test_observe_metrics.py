@@ -18,8 +18,9 @@ from plexrl.api import errors  # noqa: E402
 from plexrl.engines.local import LocalCluster  # noqa: E402
 from plexrl.runtime.activity import BUCKETS_S  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
+from plexrl.serve.limits import Limits  # noqa: E402
 from plexrl.serve.server import Server  # noqa: E402
-from plexrl.serve.service import Limits, Service  # noqa: E402
+from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402
 
@@ -57,7 +58,7 @@ def world(tmp_path_factory, tiny_model):
     root = tmp_path_factory.mktemp("observe")
     cluster = LocalCluster(devices=2, checkpoint_dir=str(root / "scratch"))
     tenants = key_file(root, f"alice {ALICE}", f"bob {BOB}", f"@operator {OPERATOR}")
-    service = Service(cluster, Store(root / "state"), {tiny_model: tiny_model}, tenants, Limits(poll_hold_s=1.0))
+    service = TinkerService(cluster, Store(root / "state"), {tiny_model: tiny_model}, tenants, Limits(poll_hold_s=1.0))
     server = Server(create_app(service)).start()
     for key in (ALICE, BOB):
         train(server.url, key, tiny_model, steps=2)

@@ -21,8 +21,9 @@ from tinker import types  # noqa: E402
 from plexrl.engines.local import LocalCluster  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
 from plexrl.serve.edge import EdgeLimits  # noqa: E402
+from plexrl.serve.limits import Limits  # noqa: E402
 from plexrl.serve.server import Server  # noqa: E402
-from plexrl.serve.service import Limits, Service  # noqa: E402
+from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402
 from tests.helpers import reserve_bytes  # noqa: E402
@@ -38,7 +39,7 @@ def world(tmp_path_factory, tiny_model):
     root = tmp_path_factory.mktemp("serve")
     cluster = LocalCluster(devices=2, checkpoint_dir=str(root / "scratch"))
     state = root / "state"
-    service = Service(cluster, Store(state), {tiny_model: tiny_model}, tenants(root, alice=ALICE, bob=BOB),
+    service = TinkerService(cluster, Store(state), {tiny_model: tiny_model}, tenants(root, alice=ALICE, bob=BOB),
                       Limits(poll_hold_s=1.0, sessions_per_tenant=6), client_flags={"fwdbwd_max_chunk_len": 2},
                       edge=EdgeLimits(max_body_bytes=1 << 20, max_json_bytes=1 << 20))
     server = Server(create_app(service)).start()
@@ -323,7 +324,7 @@ def test_tenants_at_once_are_isolated_and_transparent(world):
 
 
 def test_a_session_without_heartbeats_is_finished(world, tiny_model):
-    service = Service(world["cluster"], Store(world["state"]), {tiny_model: tiny_model}, Tenants(),
+    service = TinkerService(world["cluster"], Store(world["state"]), {tiny_model: tiny_model}, Tenants(),
                       Limits(session_timeout_s=1.0, poll_hold_s=0.5))
     with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
         session = open_session(h)
@@ -352,7 +353,7 @@ def test_restart_keeps_runs_and_resume_is_bitwise(world, tmp_path, tiny_model):
 
     def serve():
         cluster = LocalCluster(devices=2, checkpoint_dir=str(tmp_path / "scratch"))
-        service = Service(cluster, Store(state), {tiny_model: tiny_model}, Tenants(), Limits(poll_hold_s=1.0))
+        service = TinkerService(cluster, Store(state), {tiny_model: tiny_model}, Tenants(), Limits(poll_hold_s=1.0))
         return cluster, service, Server(create_app(service)).start()
 
     def steps(training, n):
@@ -447,7 +448,7 @@ def test_a_request_waiting_for_room_says_so_and_runs_when_room_is_made(tmp_path,
     room = parameter_count(tiny_model) * 16 * 3 // 2  # a trainer is 16 bytes a parameter
     with LocalCluster(devices=1, device_memory_bytes=room + reserve_bytes(tiny_model), host_memory_bytes=room,
                       checkpoint_dir=str(tmp_path / "scratch")) as cluster:
-        service = Service(cluster, Store(tmp_path / "state"), {tiny_model: tiny_model}, Tenants(),
+        service = TinkerService(cluster, Store(tmp_path / "state"), {tiny_model: tiny_model}, Tenants(),
                           Limits(poll_hold_s=0.3))
         with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
             body = lambda s: {"session_id": s, "model_seq_id": 0, "base_model": tiny_model,  # noqa: E731
@@ -464,7 +465,7 @@ def test_a_request_waiting_for_room_says_so_and_runs_when_room_is_made(tmp_path,
 
 
 def test_queued_requests_past_the_tenant_limit_answer_429(world, tmp_path, tiny_model):
-    service = Service(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
+    service = TinkerService(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
                       Limits(queued_per_tenant=3, poll_hold_s=0.3))
     with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
         session = open_session(h)
@@ -486,7 +487,7 @@ def test_queued_requests_past_the_tenant_limit_answer_429(world, tmp_path, tiny_
 
 def test_retrieved_results_are_dropped_after_the_retention_time(world, tmp_path, tiny_model):
     now = [0.0]
-    service = Service(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
+    service = TinkerService(world["cluster"], Store(tmp_path), {tiny_model: tiny_model}, Tenants(),
                       Limits(retention_s=60, session_timeout_s=1e9, poll_hold_s=0.3), clock=lambda: now[0])
     with Server(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=30) as h:
         session = open_session(h)

@@ -24,7 +24,8 @@ from tinker.proto import tinker_public_pb2 as pb  # noqa: E402
 
 from plexrl.engines.local import LocalCluster  # noqa: E402
 from plexrl.serve.edge import EdgeLimits  # noqa: E402
-from plexrl.serve.service import Limits, Service  # noqa: E402
+from plexrl.serve.limits import Limits  # noqa: E402
+from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Run, RunExists, Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402
 from tests.helpers import reserve_bytes  # noqa: E402
@@ -41,7 +42,7 @@ EDGE = EdgeLimits(max_body_bytes=1 << 20, max_json_bytes=256 << 10, max_string_c
 def world(tmp_path_factory, micro_model):
     root = tmp_path_factory.mktemp("hostile")
     cluster = LocalCluster(devices=2, checkpoint_dir=str(root / "scratch"))
-    service = Service(cluster, Store(root / "state"), {"micro": micro_model}, tenants(root, alice=ALICE, bob=BOB),
+    service = TinkerService(cluster, Store(root / "state"), {"micro": micro_model}, tenants(root, alice=ALICE, bob=BOB),
                       Limits(poll_hold_s=0.5, sessions_per_tenant=8, seq_window=64), edge=EDGE)
     with served(service) as server, httpx.Client(base_url=server.url, headers={"X-API-Key": ALICE},
                                                  timeout=30) as h:
@@ -209,7 +210,7 @@ def test_metadata_past_its_size_is_a_user_error(world):
 
 def test_refusals_count_against_the_tenants_records_and_never_echo_a_large_value(tmp_path, micro_model):
     cluster = LocalCluster(devices=1, checkpoint_dir=str(tmp_path / "scratch"))
-    service = Service(cluster, Store(tmp_path / "state"), {"micro": micro_model}, tenants(tmp_path, alice=ALICE, bob=BOB),
+    service = TinkerService(cluster, Store(tmp_path / "state"), {"micro": micro_model}, tenants(tmp_path, alice=ALICE, bob=BOB),
                       Limits(poll_hold_s=0.3, kept_per_tenant=4), edge=EdgeLimits(max_string_chars=5000))
     try:
         with served(service) as server, httpx.Client(base_url=server.url, headers={"X-API-Key": ALICE},
@@ -230,7 +231,7 @@ def test_refusals_count_against_the_tenants_records_and_never_echo_a_large_value
 
 def test_a_tenants_queued_bytes_are_bounded(tmp_path, micro_model):
     cluster = LocalCluster(devices=1, checkpoint_dir=str(tmp_path / "scratch"))
-    service = Service(cluster, Store(tmp_path / "state"), {"micro": micro_model}, Tenants(),
+    service = TinkerService(cluster, Store(tmp_path / "state"), {"micro": micro_model}, Tenants(),
                       Limits(poll_hold_s=0.3, queued_bytes_per_tenant=3000))
     try:
         with served(service) as server, httpx.Client(base_url=server.url, timeout=30) as h:
@@ -292,7 +293,7 @@ def test_lora_sampler_checkpoints_load_after_syncs_and_after_a_restart(tmp_path,
 
     def serve():
         cluster = LocalCluster(devices=1, checkpoint_dir=str(tmp_path / "scratch"))
-        service = Service(cluster, Store(tmp_path / "state"), {"micro": micro_model}, Tenants(),
+        service = TinkerService(cluster, Store(tmp_path / "state"), {"micro": micro_model}, Tenants(),
                           Limits(poll_hold_s=0.5))
         return cluster, served(service)
 
@@ -330,7 +331,7 @@ def test_a_sessions_models_wait_together_and_say_since_when(tmp_path, tiny_model
     room = parameter_count(tiny_model) * 16 * 3 // 2  # a trainer is 16 bytes a parameter
     with LocalCluster(devices=1, device_memory_bytes=room + reserve_bytes(tiny_model), host_memory_bytes=room,
                       checkpoint_dir=str(tmp_path / "scratch")) as cluster:
-        service = Service(cluster, Store(tmp_path / "state"), {"tiny": tiny_model}, Tenants(), Limits(poll_hold_s=0.3))
+        service = TinkerService(cluster, Store(tmp_path / "state"), {"tiny": tiny_model}, Tenants(), Limits(poll_hold_s=0.3))
         with served(service) as server, httpx.Client(base_url=server.url, timeout=30) as h:
             holder = session(h)
             create_model(h, holder, "tiny")

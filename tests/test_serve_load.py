@@ -20,26 +20,27 @@ from tinker import types  # noqa: E402
 
 from plexrl.bench import serve_load  # noqa: E402
 from plexrl.engines.local import LocalCluster  # noqa: E402
-from plexrl.serve.service import Limits, Service  # noqa: E402
+from plexrl.serve.limits import Limits  # noqa: E402
+from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from tests.serve_helpers import T, served, tenants  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def tables(service: Service) -> dict[str, int]:
+def tables(service: TinkerService) -> dict[str, int]:
     """What the service holds per request, session and model: flat once sessions are done."""
     with service._lock:
-        return {"pending": len(service.pending), "keys": len(service._keys), "sessions": len(service.sessions),
-                "models": len(service.model_table), "samplers": len(service.samplers),
-                "snapshots": len(service._snapshots), "queued": sum(service._queued.values()),
-                "kept": sum(service._kept.values())}
+        return {"pending": len(service.pending), "keys": len(service.requests.keys), "sessions": len(service.sessions),
+                "models": len(service.models.by_id), "samplers": len(service.samplers.by_id),
+                "snapshots": len(service.samplers.snapshots), "queued": sum(service.requests.queued.values()),
+                "kept": sum(service.requests.kept.values())}
 
 
 def test_four_tenants_train_at_once_twice_and_leave_nothing_behind(tmp_path, micro_model):
     keys = serve_load.keys_for(4)
     with LocalCluster(devices=2, checkpoint_dir=str(tmp_path / "scratch")) as cluster:
-        service = Service(cluster, Store(tmp_path / "state"), {"micro": micro_model}, tenants(tmp_path, **keys),
+        service = TinkerService(cluster, Store(tmp_path / "state"), {"micro": micro_model}, tenants(tmp_path, **keys),
                           Limits(poll_hold_s=1.0, retention_s=0.5))
         with served(service) as server:
             after = []

@@ -59,7 +59,7 @@ from plexrl import engines  # noqa: E402
 from plexrl.models.tiny import make_tiny_model  # noqa: E402
 from plexrl.serve.app import create_app  # noqa: E402
 from plexrl.serve.server import Server  # noqa: E402
-from plexrl.serve.service import Service  # noqa: E402
+from plexrl.serve.service import TinkerService  # noqa: E402
 from plexrl.serve.store import Store  # noqa: E402
 from plexrl.serve.tenants import Tenants  # noqa: E402
 
@@ -120,7 +120,7 @@ def world(engine: str = "local"):
         cluster = stack.enter_context(engines.open_cluster(engine, 1, checkpoint_dir=f"{root}/scratch"))
         store = Store(f"{root}/state")
         stack.callback(store.close)
-        service = Service(cluster, store, {"micro": folder}, Tenants())
+        service = TinkerService(cluster, store, {"micro": folder}, Tenants())
         stack.callback(service.close)
         counter = Counting(create_app(service))
         served = stack.enter_context(Server(counter))
@@ -236,7 +236,7 @@ def wakeup_ms(w: World, rounds: int, budget_s: float) -> list[float]:
             first, second = raw.forward_body(seq), raw.forward_body(seq + 1)
             held = raw.submit(second)  # waits in the service for `seq`
             resolved: list[float] = []
-            pending = w.service.future(w.service.tenant(API_KEY), held)
+            pending = w.service.requests.future(w.service.tenant(API_KEY), held)
             pending.future.add_done_callback(lambda _: resolved.append(time.perf_counter()))
             answered: list[float] = []
             poll = threading.Thread(target=lambda: answered.append(raw_poll(w.url, held)))

@@ -20,9 +20,16 @@ import socket
 import sys
 import threading
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from plexrl.api import errors
+
+if TYPE_CHECKING:
+    from plexrl.serve.edge import EdgeLimits
+    from plexrl.serve.limits import Limits
+    from plexrl.serve.tenants import Tenants
 
 log = logging.getLogger("plexrl.serve")
 
@@ -150,6 +157,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What the command line asks of a server, checked before any cluster starts."""
+
+    models: dict[str, str]
+    tenants: Tenants
+    state_dir: Path
+    limits: Limits
+    edge: EdgeLimits
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    """The command line's models, tenants and limits; InvalidInput naming what does not fit."""
+    from plexrl.serve.edge import EdgeLimits
+    from plexrl.serve.limits import Limits
+    from plexrl.serve.tenants import Tenants
+
+    models = parse_models(args.model)
+    if not models:
+        raise errors.ConfigError("no model to serve; give --model PATH (or NAME=PATH) at least once")
+    tenants = Tenants.from_file(args.api_keys) if args.api_keys else Tenants()
+    if tenants.open and not _is_loopback(args.host):
+        raise errors.ConfigError(f"--host {args.host} without --api-keys: a server without keys binds only a "
+                                 "loopback address (127.0.0.1); give --api-keys FILE to serve a network")
+    limits = Limits(session_timeout_s=args.session_timeout, poll_hold_s=args.poll_hold,
+                    queued_per_tenant=args.queued_per_tenant)
+    json_bytes = {} if args.max_json_mib is None else {"max_json_bytes": args.max_json_mib << 20}
+    edge = EdgeLimits.for_context(max_context(models.values()), max_body_bytes=args.max_body_mib << 20,
+                                  workers=args.edge_workers, tenant_share=max(1, args.edge_workers // 2),
+                                  **json_bytes)
+    limits.validate(), edge.validate()
+    return Settings(models, tenants, Path(args.state_dir).resolve(), limits, edge)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         import tinker.proto.tinker_public_pb2  # noqa: F401  (the wire schema)
@@ -157,34 +198,25 @@ def main(argv: list[str] | None = None) -> int:
         print("plexrl serve: the Tinker SDK is not installed; pip install 'plexrl[serve]' (tinker==0.38.0)",
               file=sys.stderr)
         return 2
-    from plexrl import engines
-    from plexrl.serve.app import create_app
-    from plexrl.serve.edge import EdgeLimits
-    from plexrl.serve.service import Limits, Service
-    from plexrl.serve.store import Store
-    from plexrl.serve.tenants import Tenants
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        models = parse_models(args.model)
-        if not models:
-            raise errors.ConfigError("no model to serve; give --model PATH (or NAME=PATH) at least once")
-        tenants = Tenants.from_file(args.api_keys) if args.api_keys else Tenants()
-        if tenants.open and not _is_loopback(args.host):
-            raise errors.ConfigError(f"--host {args.host} without --api-keys: a server without keys binds only a "
-                                     "loopback address (127.0.0.1); give --api-keys FILE to serve a network")
-        state_dir = Path(args.state_dir).resolve()
-        limits = Limits(session_timeout_s=args.session_timeout, poll_hold_s=args.poll_hold,
-                        queued_per_tenant=args.queued_per_tenant)
-        json_bytes = {} if args.max_json_mib is None else {"max_json_bytes": args.max_json_mib << 20}
-        edge = EdgeLimits.for_context(max_context(models.values()), max_body_bytes=args.max_body_mib << 20,
-                                      workers=args.edge_workers, tenant_share=max(1, args.edge_workers // 2),
-                                      **json_bytes)
-        limits.validate(), edge.validate()
+        given = settings(args)
     except errors.InvalidInput as exc:
         print(f"plexrl serve: {exc}", file=sys.stderr)
         return 2
+    serve(args, given)
+    return 0
+
+
+def serve(args: argparse.Namespace, given: Settings) -> None:
+    """Start the cluster, the service and the server; run until Ctrl-C or SIGTERM, then close all three."""
+    from plexrl import engines
+    from plexrl.serve.app import create_app
+    from plexrl.serve.service import TinkerService
+    from plexrl.serve.store import Store
+
+    state_dir, edge = given.state_dir, given.edge
     with ExitStack() as stack:
         stack.enter_context(engines.session(args.engine, args.devices))
         cluster = stack.enter_context(engines.open_cluster(
@@ -193,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             torch_device=args.device, precision=args.precision, events_kept=args.events_kept))
         store = Store(state_dir)
         stack.callback(store.close)
-        service = Service(cluster, store, models, tenants, limits, edge=edge)
+        service = TinkerService(cluster, store, given.models, given.tenants, given.limits, edge=edge)
         stack.callback(service.close)
         server = Server(create_app(service), args.host, args.port).start()
         print(f"plexrl serve: {server.url} ({args.engine} engine, {args.devices} devices; models: "
-              f"{', '.join(sorted(models))}; state in {state_dir}; bodies up to {edge.max_json_bytes:,} bytes of "
-              f"JSON, {edge.max_body_bytes:,} of protobuf)", flush=True)
+              f"{', '.join(sorted(given.models))}; state in {state_dir}; bodies up to {edge.max_json_bytes:,} bytes "
+              f"of JSON, {edge.max_body_bytes:,} of protobuf)", flush=True)
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: sessions finished, workers closed
         try:
             server._thread.join()
@@ -206,4 +238,3 @@ def main(argv: list[str] | None = None) -> int:
             pass
         finally:
             server.stop()
-    return 0

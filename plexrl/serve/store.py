@@ -11,7 +11,7 @@ server answers 404 for it, as for a record that does not exist).
 
 Safe to share between several servers on one machine (SQLite locks the file; WAL lets readers
 run beside a writer). Sessions, models and futures are not here: they live in the server that
-created them (see plexrl/serve/service.py).
+created them (see plexrl/serve/sessions.py, models.py, sampling.py, futures.py).
 """
 
 from __future__ import annotations
