@@ -24,9 +24,9 @@ from plexrl.sim.phases import states_of
 from plexrl.sim.plexrl_mode import PlexRLMode, no_moves
 from plexrl.sim.report import stranded_gpus, summarize
 from plexrl.sim.runner import expand_jobs
-from plexrl.sim.workload import GB, Cluster, Workload
+from plexrl.sim.workload import GB, SimCluster, Workload
 
-CLUSTER = Cluster(name="tiny", nodes_per_pod=4, group_nodes=2)
+CLUSTER = SimCluster(name="tiny", nodes_per_pod=4, group_nodes=2)
 WORKLOAD = Workload.model_validate({
     "name": "fragments", "seed": 0,
     "jobs": [
@@ -37,7 +37,7 @@ WORKLOAD = Workload.model_validate({
 })
 
 
-SHARED_GROUP = Cluster(name="one-group", nodes_per_pod=2, group_nodes=2)
+SHARED_GROUP = SimCluster(name="one-group", nodes_per_pod=2, group_nodes=2)
 SHARING = Workload.model_validate({
     "name": "sharing", "seed": 0,
     "jobs": [

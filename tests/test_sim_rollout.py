@@ -1,4 +1,4 @@
-"""Elastic rollouts (`sim/rollout.py`, `Service._rebalance`): the decode model against references,
+"""Elastic rollouts (`sim/rollout.py`, `SimService._rebalance`): the decode model against references,
 the consolidation cut against the pinned one, what moving responses costs, and whole runs where
 jobs share GPUs: every GPU runs one thing at a time, every segment is charged and counted, and
 a rollout that shares its replicas beats the pinned one where the paper's small-DP argument says
@@ -16,7 +16,7 @@ from plexrl.sim import service as service_module
 from plexrl.sim.latency import TAIL_REPLICAS, decode_shards, job_costs, tail_cut
 from plexrl.sim.plexrl_mode import PlexRLMode, pinned
 from plexrl.sim.rollout import Decode, Rollout
-from plexrl.sim.workload import Cluster, Job, Workload, load_cluster
+from plexrl.sim.workload import SimCluster, Job, Workload, load_cluster
 
 COSTS = job_costs(Job(name="j", params_b=30, active_params_b=3, tp=2, dp=8), load_cluster("h200-256"))
 lengths_st = st.lists(st.integers(1, 3000), min_size=1, max_size=300).map(lambda xs: np.array(xs, dtype=float))
@@ -88,7 +88,7 @@ def test_moving_responses_costs_their_prompt_and_tokens_so_far():
 
 # --- whole runs ------------------------------------------------------------------------------
 
-PAIR_CLUSTER = Cluster(name="pair", nodes_per_pod=2, group_nodes=2)
+PAIR_CLUSTER = SimCluster(name="pair", nodes_per_pod=2, group_nodes=2)
 
 
 def pair(seed: int = 0, agents: int = 1) -> Workload:
@@ -106,8 +106,8 @@ def pair(seed: int = 0, agents: int = 1) -> Workload:
 def checked_run(make, workload):
     """Run with every hold of a GPU checked: nothing starts on a busy GPU, and a rollout never
     takes a GPU a queued call waits for (it may keep one it held: calls do not preempt it)."""
-    Service = service_module.Service
-    occupy, start, rebalance = service_module.occupy_gang, Service._start_segment, Service._rebalance
+    SimService = service_module.SimService
+    occupy, start, rebalance = service_module.occupy_gang, SimService._start_segment, SimService._rebalance
 
     def occupy_free(ledger, job, gang, *args):
         assert not any(w.busy for w in gang), "a call started on a busy GPU"
@@ -126,13 +126,13 @@ def checked_run(make, workload):
             assert not (now_held & claimed) - held, "a rollout took a GPU a queued call waits for"
 
     service_module.occupy_gang = occupy_free
-    Service._start_segment, Service._rebalance = start_free, rebalance_fair
+    SimService._start_segment, SimService._rebalance = start_free, rebalance_fair
     try:
         mode = make(workload, PAIR_CLUSTER, Policy.PLEXRL)
         return mode, mode.run()
     finally:
         service_module.occupy_gang = occupy
-        Service._start_segment, Service._rebalance = start, rebalance
+        SimService._start_segment, SimService._rebalance = start, rebalance
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ from plexrl.sim.profiles import job_profile
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.service import SimJob
 from plexrl.errors import ConfigError
-from plexrl.sim.workload import GB, Cluster
+from plexrl.sim.workload import GB, SimCluster
 
 
 class Tail(str, Enum):
@@ -65,7 +65,7 @@ SLOT_S = 5.0  # placer horizon slot: 1,024 slots cover ~85 minutes, a few steps 
 HORIZON_SLOTS = 1024
 
 
-def resource_view(cluster: Cluster) -> ResourceView:
+def resource_view(cluster: SimCluster) -> ResourceView:
     c = cluster
     return ResourceView.uniform(
         pods=c.pods,

@@ -24,7 +24,7 @@ Speed: this is the simulator's hot loop (one start and one `_done` per call). A 
 starts at once with its state resident on its whole gang (most) is started inline by
 `_submit_phase` (`_hold` without a switch: no planning); the hold and the ledger charge are one
 pass over the gang (`occupy_gang`, bit-identical to the Ledger's methods, tested); such a call
-travels as a plain tuple (a `Request` only when it queues) that carries the two moving averages
+travels as a plain tuple (a `SimRequest` only when it queues) that carries the two moving averages
 its end updates (`ExecEstimator.ewmas`: looked up once per phase, not per call). In the baselines (`exclusive`:
 each group serves one job, so nothing competes and no estimate is read) a phase's calls start
 together and end in one event that stands for all of them (`_run_together`; tested equal to
@@ -47,7 +47,7 @@ from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
 from plexrl.sim.phases import Phase, StepPlans, part_lengths, solo_step_s
 from plexrl.sim.rollout import Decode, Rollout, Segment
-from plexrl.sim.worker import KIND_NAME, Request, SimWorker
+from plexrl.sim.worker import KIND_NAME, SimRequest, SimWorker
 from plexrl.sim.workload import Job
 
 DEVICE = Tier.DEVICE
@@ -143,7 +143,7 @@ class SimJob:
         return (units[first:] + units[:first])[:k]
 
 
-class Service:
+class SimService:
     def __init__(self, loop: EventLoop, policy: Policy, on_job_done: Callable[[SimJob], None], prior_s: float = 60.0,
                  exclusive: bool = False):
         self.loop = loop
@@ -246,7 +246,7 @@ class Service:
                         end = self._hold(job, sid, gang, exec_s, now, est_s, fn)
                     ends.append((end, first + i, done, (job, sid, fn, exec_s, gang, ewmas)))
                     continue
-            req = Request(job, sid, fn, exec_s, now, gang)
+            req = SimRequest(job, sid, fn, exec_s, now, gang)
             group.add(self._seq, req, est_s, job.clock.deadline(now))
             self._seq += 1
             queued[group.gid] = group

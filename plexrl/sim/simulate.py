@@ -31,11 +31,11 @@ from plexrl.sim.plexrl_mode import (PlexRLMode, all_tail, first_fit, no_moves, n
 from plexrl.sim.report import summarize
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.split_mode import SplitMode
-from plexrl.sim.workload import Cluster, Workload
+from plexrl.sim.workload import SimCluster, Workload
 
 
-def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
-    table: dict[str, Callable[[Workload, Cluster], Mode]] = {
+def mode_table() -> dict[str, Callable[[Workload, SimCluster], Mode]]:
+    table: dict[str, Callable[[Workload, SimCluster], Mode]] = {
         "colocated": ColocatedMode,
         "split": SplitMode,
         "plexrl": lambda w, c: PlexRLMode(w, c, Policy.PLEXRL),
@@ -64,7 +64,7 @@ SHARED_PLACEMENTS = ("plexrl", "plexrl-hrrn", "plexrl-sjf", "plexrl-fcfs")
 
 def simulate(
     workload: Workload,
-    cluster: Cluster,
+    cluster: SimCluster,
     modes: tuple[str, ...] = MODES,
     on_mode: Callable[[str], None] | None = None,
     processes: int = 1,
@@ -128,7 +128,7 @@ def _fresh_caches() -> None:
     _caches = (StepPlans(), PlacementMemo())
 
 
-def _run_modes(workload: Workload, cluster: Cluster, modes: tuple[str, ...],
+def _run_modes(workload: Workload, cluster: SimCluster, modes: tuple[str, ...],
                on_mode: Callable[[str], None] | None = None,
                caches: tuple[StepPlans, PlacementMemo] | None = None) -> dict[str, ModeResult]:
     plans, placements = caches if caches is not None else (StepPlans(), PlacementMemo())
@@ -140,7 +140,7 @@ def _run_modes(workload: Workload, cluster: Cluster, modes: tuple[str, ...],
     return runs
 
 
-def _run_pooled(workload: Workload, cluster: Cluster, modes: tuple[str, ...]) -> dict[str, ModeResult]:
+def _run_pooled(workload: Workload, cluster: SimCluster, modes: tuple[str, ...]) -> dict[str, ModeResult]:
     """`_run_modes` in a pool's process, with that process's caches."""
     return _run_modes(workload, cluster, modes, caches=_caches)
 
@@ -151,7 +151,7 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
-def over_seeds(workload: Workload, cluster: Cluster, seeds: int, modes: tuple[str, ...] = MODES,
+def over_seeds(workload: Workload, cluster: SimCluster, seeds: int, modes: tuple[str, ...] = MODES,
                on_mode: Callable[[str], None] | None = None, processes: int = 1) -> dict:
     """The same workload under seeds `workload.seed + k`, k < `seeds`: per mode, the mean and the
     worst of cost reduction and mean slowdown, and the worst p95 slowdown, so a figure that holds

@@ -53,7 +53,7 @@ KIND_NAME = {kind: kind.value for kind in TransitionKind}
 
 
 @dataclass(slots=True, eq=False)
-class Request:
+class SimRequest:
     """One function call of one job, pinned to its gang: the GPUs holding the shards it runs on
     (affinity), all occupied together from dispatch to end."""
 
