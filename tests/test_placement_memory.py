@@ -13,7 +13,7 @@ from plexrl.policy.resources import ResourceView
 from plexrl.sim.latency import job_costs
 from plexrl.sim.plexrl_mode import resource_view
 from plexrl.sim.profiles import job_profile
-from plexrl.sim.workload import SimCluster, Job
+from plexrl.sim.workload import Job, SimCluster
 
 GiB = 2**30
 

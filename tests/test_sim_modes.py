@@ -8,7 +8,8 @@ import pytest
 
 from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import AloneMode, ColocatedMode
-from plexrl.sim.plexrl_mode import PlexRLMode, first_fit, pack_first
+from plexrl.sim.modes import make_mode
+from plexrl.sim.plexrl_mode import PlexRLMode
 from plexrl.sim.report import summarize, utilization_series
 from plexrl.sim.simulate import over_seeds, simulate
 from plexrl.sim.split_mode import SplitMode
@@ -35,8 +36,8 @@ MODES = {
     "colocated": lambda w: ColocatedMode(w, CLUSTER),
     "split": lambda w: SplitMode(w, CLUSTER),
     **{f"plexrl-{p.value}": (lambda w, p=p: PlexRLMode(w, CLUSTER, p)) for p in Policy},
-    "plexrl-firstfit": lambda w: first_fit(w, CLUSTER, Policy.PLEXRL),
-    "plexrl-pack": lambda w: pack_first(w, CLUSTER, Policy.PLEXRL),
+    "plexrl-firstfit": lambda w: make_mode("plexrl-firstfit", w, CLUSTER),
+    "plexrl-pack": lambda w: make_mode("plexrl-pack", w, CLUSTER),
 }
 
 

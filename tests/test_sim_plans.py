@@ -10,7 +10,7 @@ import pytest
 from plexrl.sim.latency import job_costs
 from plexrl.sim.phases import DRAW_BLOCK, StepPlans, draw_steps, job_rng, plan_step
 from plexrl.sim.profiles import job_profile
-from plexrl.sim.workload import SimCluster, Job
+from plexrl.sim.workload import Job, SimCluster
 
 CLUSTER = SimCluster(name="plans")
 JOB = Job(name="j", params_b=7, dp=4, steps=DRAW_BLOCK + 5,

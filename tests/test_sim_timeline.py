@@ -20,7 +20,7 @@ from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.phases import Phase
-from plexrl.sim.service import SimService, SimJob
+from plexrl.sim.service import SimJob, SimService
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import Job
 

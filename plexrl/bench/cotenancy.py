@@ -26,7 +26,7 @@ from plexrl.errors import ConfigError
 from plexrl.sim.latency import job_costs
 from plexrl.sim.profiles import job_profile
 from plexrl.sim.simulate import MODES, simulate
-from plexrl.sim.workload import SimCluster, Job, Workload, load_cluster, load_workload
+from plexrl.sim.workload import Job, SimCluster, Workload, load_cluster, load_workload
 
 NEVER_REFUSED = 1e3  # slack of every job: the placer co-places whatever fits in memory
 PERIODS = 25  # the horizon, in solo steps of the combination's slowest job

@@ -42,7 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from plexrl.policy import DecodeModel
-from plexrl.sim.workload import GB, SimCluster, Job, Rollout
+from plexrl.sim.workload import GB, Job, Rollout, SimCluster
 
 BYTES_PER_WEIGHT = 2
 BYTES_PER_TRAIN_PARAM = 16

@@ -20,9 +20,9 @@ from plexrl.sim.group import Group
 from plexrl.sim.latency import gpu_arena_bytes, job_costs
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
-from plexrl.sim.service import SimService, SimJob
+from plexrl.sim.service import SimJob, SimService
 from plexrl.sim.worker import SimWorker
-from plexrl.sim.workload import GB, SimCluster, Job, Workload
+from plexrl.sim.workload import GB, Job, SimCluster, Workload
 
 
 def expand_jobs(workload: Workload) -> list[Job]:
