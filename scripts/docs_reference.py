@@ -282,9 +282,9 @@ def workload_schema() -> str:
 
 
 def cluster_schema() -> str:
-    from plexrl.sim.workload import Cluster
+    from plexrl.sim.workload import SimCluster
 
-    return schema_reference(Cluster, {"Cluster": "cluster file (top level)", "Device": "device"})
+    return schema_reference(SimCluster, {"SimCluster": "cluster file (top level)", "Device": "device"})
 
 
 def jobs_schema() -> str:

@@ -16,8 +16,9 @@ import pytest
 
 from plexrl.policy import ModelMemory, profile_from_events
 from plexrl.policy.placement import pooled_inflation
-from plexrl.rl.demo import (MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, mux_floor, predicted_from_alone,
-                             repeated)
+from plexrl.rl.demo_experiment import MUX_DEVICES, demo_jobs
+from plexrl.rl.demo_figures import exclusive_schedule, mux_floor, predicted_from_alone, repeated
+from plexrl.rl.demo_view import Progress
 from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.cuda import resolve_device
 from test_profile import call
@@ -147,7 +148,7 @@ def test_the_floor_counts_the_local_engines_devices_once(engine, expected, monke
     """Device time 4 s on 2 devices (2 s each), this process's CPU 2 s, on 2 cores: the devices'
     processes and this one need 3 s of both cores; the local engine's devices are this process's
     threads, whose CPU holds theirs already (so its floor is the devices' 2 s)."""
-    monkeypatch.setattr("plexrl.rl.demo.usable_cpus", lambda: 2)
+    monkeypatch.setattr("plexrl.rl.demo_figures.usable_cpus", lambda: 2)
     assert mux_floor(4.0, 2.0, "cpu", engine) == pytest.approx(expected)
 
 

@@ -24,7 +24,7 @@ from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.phases import Phase
-from plexrl.sim.service import Service
+from plexrl.sim.service import SimService
 from plexrl.sim.worker import SimWorker
 
 from test_sim_timeline import ScriptedJob
@@ -39,7 +39,7 @@ def gpus(n: int, arena: int = 10**6, link: float = 50.0) -> list[SimWorker]:
 
 def run(policy: Policy, jobs: list[tuple[ScriptedJob, list[SimWorker]]], resident: bool = True):
     loop = EventLoop()
-    service = Service(loop, policy, on_job_done=lambda job: None)
+    service = SimService(loop, policy, on_job_done=lambda job: None)
     for job, on in jobs:
         for w in on:
             w.add_state(job.state_id("s"), job.name, 100)
@@ -102,7 +102,7 @@ def test_gang_starts_together_after_the_slowest_switch():
     g0.make_resident("G/s", 0.0)
     g.workers["s"] = [g0, g1]
     loop = EventLoop()
-    service = Service(loop, Policy.PLEXRL, on_job_done=lambda job: None)
+    service = SimService(loop, Policy.PLEXRL, on_job_done=lambda job: None)
     loop.at(0.0, service.start, g)
     loop.run()
     assert g.finished == pytest.approx(5.0)

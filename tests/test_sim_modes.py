@@ -8,14 +8,15 @@ import pytest
 
 from plexrl.policy import Policy
 from plexrl.sim.colocated_mode import AloneMode, ColocatedMode
-from plexrl.sim.plexrl_mode import PlexRLMode, first_fit, pack_first
+from plexrl.sim.modes import make_mode
+from plexrl.sim.plexrl_mode import PlexRLMode
 from plexrl.sim.report import summarize, utilization_series
 from plexrl.sim.simulate import over_seeds, simulate
 from plexrl.sim.split_mode import SplitMode
-from plexrl.sim.workload import Cluster, Workload
+from plexrl.sim.workload import SimCluster, Workload
 
 # 4 nodes of 8 GPUs in 2 groups of 2 nodes: small enough that jobs must share and queue.
-CLUSTER = Cluster(name="tiny", nodes_per_pod=4, group_nodes=2)
+CLUSTER = SimCluster(name="tiny", nodes_per_pod=4, group_nodes=2)
 
 
 def workload(seed: int = 0) -> Workload:
@@ -35,8 +36,8 @@ MODES = {
     "colocated": lambda w: ColocatedMode(w, CLUSTER),
     "split": lambda w: SplitMode(w, CLUSTER),
     **{f"plexrl-{p.value}": (lambda w, p=p: PlexRLMode(w, CLUSTER, p)) for p in Policy},
-    "plexrl-firstfit": lambda w: first_fit(w, CLUSTER, Policy.PLEXRL),
-    "plexrl-pack": lambda w: pack_first(w, CLUSTER, Policy.PLEXRL),
+    "plexrl-firstfit": lambda w: make_mode("plexrl-firstfit", w, CLUSTER),
+    "plexrl-pack": lambda w: make_mode("plexrl-pack", w, CLUSTER),
 }
 
 
@@ -169,10 +170,10 @@ def test_the_cost_cut_prices_the_same_steps_at_colocated_prices():
     cost per step of that class. Here each class costs 20% less, and the cut is 20%, where the
     ratio of the two averages would call it a 47% increase; a class colocated never ran is left out."""
     from plexrl.sim.report import cost_reduction, gpu_hours_per_step
-    from plexrl.sim.runner import JobRecord, ModeResult
+    from plexrl.sim.runner import SimJobRecord, ModeResult
 
     def record(name, kind, steps, gpu_s_per_step):
-        return JobRecord(name, 8, 0.0, 0.0, None, steps, [1.0] * steps, steps * gpu_s_per_step, 0.0, 0, 0, kind=kind)
+        return SimJobRecord(name, 8, 0.0, 0.0, None, steps, [1.0] * steps, steps * gpu_s_per_step, 0.0, 0, 0, kind=kind)
 
     def result(records):
         return ModeResult("m", 16, records, 100.0, 0, 0.0, 0.0, 0.0)

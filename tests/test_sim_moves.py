@@ -21,12 +21,13 @@ import pytest
 from plexrl.policy import Policy
 from plexrl.sim.latency import job_costs
 from plexrl.sim.phases import states_of
-from plexrl.sim.plexrl_mode import PlexRLMode, no_moves
+from plexrl.sim.modes import make_mode
+from plexrl.sim.plexrl_mode import PlexRLMode
 from plexrl.sim.report import stranded_gpus, summarize
 from plexrl.sim.runner import expand_jobs
-from plexrl.sim.workload import GB, Cluster, Workload
+from plexrl.sim.workload import GB, SimCluster, Workload
 
-CLUSTER = Cluster(name="tiny", nodes_per_pod=4, group_nodes=2)
+CLUSTER = SimCluster(name="tiny", nodes_per_pod=4, group_nodes=2)
 WORKLOAD = Workload.model_validate({
     "name": "fragments", "seed": 0,
     "jobs": [
@@ -37,7 +38,7 @@ WORKLOAD = Workload.model_validate({
 })
 
 
-SHARED_GROUP = Cluster(name="one-group", nodes_per_pod=2, group_nodes=2)
+SHARED_GROUP = SimCluster(name="one-group", nodes_per_pod=2, group_nodes=2)
 SHARING = Workload.model_validate({
     "name": "sharing", "seed": 0,
     "jobs": [
@@ -49,7 +50,7 @@ SHARING = Workload.model_validate({
 
 @pytest.fixture(scope="module")
 def runs():
-    moving, still = PlexRLMode(WORKLOAD, CLUSTER, Policy.PLEXRL), no_moves(WORKLOAD, CLUSTER, Policy.PLEXRL)
+    moving, still = PlexRLMode(WORKLOAD, CLUSTER, Policy.PLEXRL), make_mode("plexrl-nomove", WORKLOAD, CLUSTER)
     return {"moving": (moving, moving.run()), "still": (still, still.run())}
 
 
@@ -94,7 +95,7 @@ def test_the_move_pauses_the_moved_job_while_its_host_state_crosses(runs):
 
 @pytest.fixture(scope="module")
 def sharing():
-    moving, still = PlexRLMode(SHARING, SHARED_GROUP, Policy.PLEXRL), no_moves(SHARING, SHARED_GROUP, Policy.PLEXRL)
+    moving, still = PlexRLMode(SHARING, SHARED_GROUP, Policy.PLEXRL), make_mode("plexrl-nomove", SHARING, SHARED_GROUP)
     return {"moving": (moving, moving.run()), "still": (still, still.run())}
 
 

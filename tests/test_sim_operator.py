@@ -85,10 +85,10 @@ def test_stranded_gpus_count_the_cluster_left_unheld_while_jobs_wait():
     `c` shares 4-11 with it over [10, 20) (a GPU shared counts once); `d` arrives at 12 and never
     gets a place. Waiting: [2, 10) with 8 GPUs held (8 free) and [12, 30) with 12 held (4 free)."""
     from plexrl.sim.report import stranded_gpus
-    from plexrl.sim.runner import JobRecord, ModeResult
+    from plexrl.sim.runner import SimJobRecord, ModeResult
 
     def record(name, arrival, placed, finished, devices):
-        return JobRecord(name, len(devices), arrival, placed, finished, 1, [1.0], 0.0, 0.0, 0, 0,
+        return SimJobRecord(name, len(devices), arrival, placed, finished, 1, [1.0], 0.0, 0.0, 0, 0,
                          placed=placed, devices=tuple(devices))
 
     result = ModeResult("m", 16, [record("a", 0.0, 0.0, 10.0, range(8)), record("b", 2.0, 10.0, 25.0, range(8)),

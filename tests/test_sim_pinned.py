@@ -38,10 +38,10 @@ import pytest
 
 from plexrl.policy.placement import PACKING_PAYS
 from plexrl.sim.simulate import MODES, simulate
-from plexrl.sim.workload import Cluster, Workload
+from plexrl.sim.workload import SimCluster, Workload
 
 # 16 GPUs in one node group for five jobs that need 36: they queue, stack and switch.
-CLUSTER = Cluster(name="pin", nodes_per_pod=2, group_nodes=2)
+CLUSTER = SimCluster(name="pin", nodes_per_pod=2, group_nodes=2)
 WORKLOAD = Workload.model_validate({
     "name": "pinned", "seed": 3, "pack_limit": None,
     "jobs": [

@@ -12,9 +12,11 @@ from __future__ import annotations
 import pytest
 
 from plexrl.policy import Policy
+from plexrl.policy.placement import FirstFit
+from plexrl.sim.modes import make_mode
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import MemoPlacer, PlacementMemo
-from plexrl.sim.plexrl_mode import PlexRLMode, first_fit
+from plexrl.sim.plexrl_mode import PlexRLMode
 
 from test_sim_together import figures
 from test_sim_pinned import CLUSTER, WORKLOAD
@@ -25,8 +27,8 @@ MODES = {  # in run order: name -> (mode, questions the placer itself answers wh
     "plexrl": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.PLEXRL), 9),
     "sjf": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.SJF), 0),  # asks nothing new: its jobs end when plexrl's do
     "fcfs": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.FCFS), 0),  # ends jobs as plexrl does
-    "firstfit": (lambda: first_fit(PARTING, CLUSTER, Policy.PLEXRL), 7),  # another placer: its own questions
-    "firstfit-sjf": (lambda: first_fit(PARTING, CLUSTER, Policy.SJF), 2),  # parts after its first release
+    "firstfit": (lambda: make_mode("plexrl-firstfit", PARTING, CLUSTER), 7),  # another placer: its own questions
+    "firstfit-sjf": (lambda: PlexRLMode(PARTING, CLUSTER, Policy.SJF, placer=FirstFit), 2),  # parts after its first release
 }
 
 

@@ -10,9 +10,9 @@ import pytest
 from plexrl.sim.latency import job_costs
 from plexrl.sim.phases import DRAW_BLOCK, StepPlans, draw_steps, job_rng, plan_step
 from plexrl.sim.profiles import job_profile
-from plexrl.sim.workload import Cluster, Job
+from plexrl.sim.workload import Job, SimCluster
 
-CLUSTER = Cluster(name="plans")
+CLUSTER = SimCluster(name="plans")
 JOB = Job(name="j", params_b=7, dp=4, steps=DRAW_BLOCK + 5,
           rollout={"prompts": 8, "turns": 2, "tool_s": 5, "refill_fraction": 0.5})
 

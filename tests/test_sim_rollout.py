@@ -1,4 +1,4 @@
-"""Elastic rollouts (`sim/rollout.py`, `Service._rebalance`): the decode model against references,
+"""Elastic rollouts (`sim/rollout.py`, `ElasticRollouts.rebalance`): the decode model against references,
 the consolidation cut against the pinned one, what moving responses costs, and whole runs where
 jobs share GPUs: every GPU runs one thing at a time, every segment is charged and counted, and
 a rollout that shares its replicas beats the pinned one where the paper's small-DP argument says
@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 
 from plexrl.policy import Policy
 from plexrl.sim import service as service_module
+from plexrl.sim.elastic_rollouts import ElasticRollouts
 from plexrl.sim.latency import TAIL_REPLICAS, decode_shards, job_costs, tail_cut
-from plexrl.sim.plexrl_mode import PlexRLMode, pinned
+from plexrl.sim.modes import make_mode
+from plexrl.sim.plexrl_mode import PlexRLMode
 from plexrl.sim.rollout import Decode, Rollout
-from plexrl.sim.workload import Cluster, Job, Workload, load_cluster
+from plexrl.sim.workload import Job, SimCluster, Workload, load_cluster
 
 COSTS = job_costs(Job(name="j", params_b=30, active_params_b=3, tp=2, dp=8), load_cluster("h200-256"))
 lengths_st = st.lists(st.integers(1, 3000), min_size=1, max_size=300).map(lambda xs: np.array(xs, dtype=float))
@@ -88,7 +90,7 @@ def test_moving_responses_costs_their_prompt_and_tokens_so_far():
 
 # --- whole runs ------------------------------------------------------------------------------
 
-PAIR_CLUSTER = Cluster(name="pair", nodes_per_pod=2, group_nodes=2)
+PAIR_CLUSTER = SimCluster(name="pair", nodes_per_pod=2, group_nodes=2)
 
 
 def pair(seed: int = 0, agents: int = 1) -> Workload:
@@ -106,8 +108,7 @@ def pair(seed: int = 0, agents: int = 1) -> Workload:
 def checked_run(make, workload):
     """Run with every hold of a GPU checked: nothing starts on a busy GPU, and a rollout never
     takes a GPU a queued call waits for (it may keep one it held: calls do not preempt it)."""
-    Service = service_module.Service
-    occupy, start, rebalance = service_module.occupy_gang, Service._start_segment, Service._rebalance
+    occupy, start, rebalance = service_module.occupy_gang, ElasticRollouts._start_segment, ElasticRollouts.rebalance
 
     def occupy_free(ledger, job, gang, *args):
         assert not any(w.busy for w in gang), "a call started on a busy GPU"
@@ -126,18 +127,22 @@ def checked_run(make, workload):
             assert not (now_held & claimed) - held, "a rollout took a GPU a queued call waits for"
 
     service_module.occupy_gang = occupy_free
-    Service._start_segment, Service._rebalance = start_free, rebalance_fair
+    ElasticRollouts._start_segment, ElasticRollouts.rebalance = start_free, rebalance_fair
     try:
         mode = make(workload, PAIR_CLUSTER, Policy.PLEXRL)
         return mode, mode.run()
     finally:
         service_module.occupy_gang = occupy
-        Service._start_segment, Service._rebalance = start, rebalance
+        ElasticRollouts._start_segment, ElasticRollouts.rebalance = start, rebalance
+
+
+def pinned_mode(workload, cluster, policy):
+    return make_mode("plexrl-pinned", workload, cluster)  # `policy`: always PLEXRL here, the table's
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return {**{name: checked_run(make, pair()) for name, make in (("elastic", PlexRLMode), ("pinned", pinned))},
+    return {**{name: checked_run(make, pair()) for name, make in (("elastic", PlexRLMode), ("pinned", pinned_mode))},
             "elastic, three jobs": checked_run(PlexRLMode, pair(agents=2))}
 
 
@@ -162,5 +167,5 @@ def test_elastic_rollouts_move_and_beat_pinned_ones(runs):
     assert slow["elastic"]["agent"] < slow["pinned"]["agent"] - 0.1, slow
     assert sum(slow["elastic"].values()) < sum(slow["pinned"].values()), slow
     assert elastic.end_s < pinned_.end_s
-    segments = runs["elastic"][0].service._segments
+    segments = runs["elastic"][0].service.rollouts.segments
     assert segments > 2 * sum(r.steps for r in elastic.records), "rollouts ran in several segments"

@@ -13,7 +13,7 @@ from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import consolidated_shards, job_costs, tail_cut
 from plexrl.sim.phases import Phase, first_step, gpu_seconds, plan_step, solo_step_s
-from plexrl.sim.service import Service
+from plexrl.sim.service import SimService
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import Job, load_cluster
 
@@ -97,7 +97,7 @@ def test_freed_worker_serves_another_job_during_the_tail():
     """A samples 10 s on GPUs 0 and 1, then its 30 s tail on one of them (step 0, phase 2:
     GPU 0). B's 5 s call arrives on GPU 1 at t=12 and runs at once: done at 17, not 40."""
     loop = EventLoop()
-    service = Service(loop, Policy.PLEXRL, on_job_done=lambda job: None)
+    service = SimService(loop, Policy.PLEXRL, on_job_done=lambda job: None)
     workers = [SimWorker(wid=i, arena_bytes=400, host_bytes=10**6, link_bytes_per_s=1e9,
                          disk_bytes_per_s=1e9) for i in range(2)]
     Group(0, workers)
@@ -120,9 +120,9 @@ def _two_jobs_on_one_set(tail):
     """Two code-style jobs on one 16-GPU set with slack to share it: the first runs alone until
     the second arrives, then both share every GPU."""
     from plexrl.sim.plexrl_mode import PlexRLMode
-    from plexrl.sim.workload import Cluster, Workload
+    from plexrl.sim.workload import SimCluster, Workload
 
-    cluster = Cluster(name="one-set", nodes_per_pod=2, group_nodes=2)
+    cluster = SimCluster(name="one-set", nodes_per_pod=2, group_nodes=2)
     workload = Workload.model_validate({"name": "pair", "seed": 1, "jobs": [
         {"name": "code", "count": 2, "algorithm": "dapo", "params_b": 30, "active_params_b": 3, "tp": 2, "dp": 8,
          "steps": 6, "reward_s": 650, "arrival_every_s": 1500, "slack": 1.0, "rollout": {"prompts": 64}},

@@ -20,7 +20,7 @@ from plexrl.policy import Policy
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.phases import Phase
-from plexrl.sim.service import Service, SimJob
+from plexrl.sim.service import SimJob, SimService
 from plexrl.sim.worker import SimWorker
 from plexrl.sim.workload import Job
 
@@ -40,7 +40,7 @@ def run_three_jobs(policy: Policy, record=None):
     """`record`: a `SimRecorder` the service reports to (test_sim_trace.py)."""
     loop = EventLoop()
     done: list[str] = []
-    service = Service(loop, policy, on_job_done=lambda job: done.append(job.name))
+    service = SimService(loop, policy, on_job_done=lambda job: done.append(job.name))
     service.record = record
     worker = SimWorker(wid=0, arena_bytes=200, host_bytes=10**6, link_bytes_per_s=50.0, disk_bytes_per_s=50.0)
     Group(0, [worker])

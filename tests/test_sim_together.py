@@ -1,6 +1,6 @@
 """Phases ended together are the per-call path, figure for figure.
 
-The baselines' groups each serve one job (`Service.exclusive`): every call of a phase starts at
+The baselines' groups each serve one job (`SimService.exclusive`): every call of a phase starts at
 once and the phase ends in one event that stands for all of its calls' ends. The reference is
 the same mode with that switched off (one `_done` event per call, as every PlexRL mode runs);
 records, event counts, the ledger and the busy intervals must be identical, with and without a

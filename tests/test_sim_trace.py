@@ -12,9 +12,9 @@ import pytest
 from plexrl import cli
 from plexrl.observe.perfetto import DEVICES, write_trace
 from plexrl.policy import Policy
+from plexrl.sim.modes import make_mode
 from plexrl.sim.recorder import SimRecorder
 from plexrl.sim.report import summarize
-from plexrl.sim.simulate import mode_table
 from plexrl.sim.workload import load_cluster, load_workload
 from tests.test_sim_timeline import run_three_jobs
 
@@ -50,11 +50,11 @@ def paper_mix():
 @pytest.mark.parametrize("name", ["plexrl", "colocated"])
 def test_recording_changes_nothing_and_accounts_for_every_call(paper_mix, name):
     workload, cluster = paper_mix
-    plain = mode_table()[name](workload, cluster).run()
-    mode = mode_table()[name](workload, cluster)
+    plain = make_mode(name, workload, cluster).run()
+    mode = make_mode(name, workload, cluster)
     mode.service.record = SimRecorder()
     recorded = mode.run()
-    baseline = mode_table()["colocated"](workload, cluster).run()
+    baseline = make_mode("colocated", workload, cluster).run()
     figures = lambda run: {k: v for k, v in summarize(run, baseline).items() if k != "wall_s"}  # noqa: E731
     assert figures(recorded) == figures(plain)
     records = mode.service.record.records

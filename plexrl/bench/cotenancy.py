@@ -26,7 +26,7 @@ from plexrl.errors import ConfigError
 from plexrl.sim.latency import job_costs
 from plexrl.sim.profiles import job_profile
 from plexrl.sim.simulate import MODES, simulate
-from plexrl.sim.workload import Cluster, Job, Workload, load_cluster, load_workload
+from plexrl.sim.workload import Job, SimCluster, Workload, load_cluster, load_workload
 
 NEVER_REFUSED = 1e3  # slack of every job: the placer co-places whatever fits in memory
 PERIODS = 25  # the horizon, in solo steps of the combination's slowest job
@@ -35,7 +35,7 @@ PLEXRL_MODES = tuple(m for m in MODES if m.startswith("plexrl"))
 _SET_HERE = {"name", "count", "arrival_s", "arrival_every_s", "slack", "steps"}
 
 
-def classes_by_size(workload: Workload, cluster: Cluster) -> tuple[dict[int, list[Job]], list[str]]:
+def classes_by_size(workload: Workload, cluster: SimCluster) -> tuple[dict[int, list[Job]], list[str]]:
     """The workload's job classes grouped by GPUs, those that fill whole nodes; and why the
     others are left out. Classes that differ only in when and how often they arrive, their slack
     and their steps (which this benchmark sets) count once, by their first name."""
@@ -53,13 +53,13 @@ def classes_by_size(workload: Workload, cluster: Cluster) -> tuple[dict[int, lis
     return dict(sizes), skipped
 
 
-def one_group(cluster: Cluster, gpus: int) -> Cluster:
+def one_group(cluster: SimCluster, gpus: int) -> SimCluster:
     nodes = gpus // cluster.gpus_per_node
     return cluster.model_copy(update={"name": f"{cluster.name}-1x{gpus}", "pods": 1, "nodes_per_pod": nodes,
                                       "group_nodes": nodes})
 
 
-def run_combination(workload: Workload, cluster: Cluster, combo: tuple[Job, ...], mode: str = MODE) -> dict:
+def run_combination(workload: Workload, cluster: SimCluster, combo: tuple[Job, ...], mode: str = MODE) -> dict:
     """The jobs of `combo` alone on one node group in PlexRL mode `mode`: per job, predicted and
     realised inflation."""
     jobs = [spec.model_copy(update={"name": f"{spec.name}.{i}", "count": 1, "arrival_s": float(i),
@@ -76,7 +76,7 @@ def run_combination(workload: Workload, cluster: Cluster, combo: tuple[Job, ...]
             "co_placed": all(r["shared"] and r["predicted"] is not None for r in rows)}
 
 
-def cotenancy(workload: Workload, cluster: Cluster, tenants: int = 3, mode: str = MODE) -> dict:
+def cotenancy(workload: Workload, cluster: SimCluster, tenants: int = 3, mode: str = MODE) -> dict:
     if tenants < 2:
         raise ValueError(f"--tenants {tenants}: expected at least 2 (a job alone has nobody to share with)")
     if mode not in PLEXRL_MODES:

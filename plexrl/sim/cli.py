@@ -24,7 +24,8 @@ from plexrl.policy import Policy
 from plexrl.runtime.threads import usable_cpus
 from plexrl.sim.calibrate import calibrate
 from plexrl.sim.report import plot
-from plexrl.sim.simulate import BOUNDS, MODES, mode_table, over_seeds
+from plexrl.sim.modes import make_mode
+from plexrl.sim.simulate import BOUNDS, MODES, over_seeds
 from plexrl.sim.trace import load_trace
 from plexrl.sim.workload import load_cluster, load_workload
 
@@ -118,9 +119,8 @@ def traced(workload, cluster, modes: tuple[str, ...], folder: Path) -> list[Path
     from plexrl.sim.recorder import SimRecorder
 
     written = []
-    table = mode_table()
     for name in modes:
-        mode = table[name](workload, cluster)
+        mode = make_mode(name, workload, cluster)
         mode.service.record = SimRecorder()
         mode.run()
         records = mode.service.record.sorted_records()

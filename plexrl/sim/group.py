@@ -26,7 +26,7 @@ import numpy as np
 
 from plexrl.policy import Policy, ReadyQueue, offload_estimate, priorities
 from plexrl.policy.types import Tier
-from plexrl.sim.worker import Request, SimWorker
+from plexrl.sim.worker import SimRequest, SimWorker
 
 DEVICE = Tier.DEVICE
 _RESIDENT, _NOT_RESIDENT = 0, -1  # `resident_on` values against the gang as device 0
@@ -38,12 +38,12 @@ class Group:
         self.workers = workers
         self.idle = len(workers)
         self.queue = ReadyQueue(16)
-        self.waiting: dict[int, Request] = {}
+        self.waiting: dict[int, SimRequest] = {}
         self.rollouts: list = []  # elastic rollouts of jobs placed here, in start order (`sim/rollout.py`)
         for w in workers:
             w.group = self
 
-    def add(self, key: int, req: Request, est_s: float, deadline: float = np.inf) -> None:
+    def add(self, key: int, req: SimRequest, est_s: float, deadline: float = np.inf) -> None:
         """Queue `req`; `deadline`: when its job's slack for the step runs out (the priority's slack term)."""
         lead = req.gang[0]
         nbytes = lead.states[req.state_id].nbytes
@@ -55,7 +55,7 @@ class Group:
         """States with a queued request that needs `worker`."""
         return {r.state_id for r in self.waiting.values() if worker in r.gang}
 
-    def select(self, policy: Policy, now: float) -> list[Request]:
+    def select(self, policy: Policy, now: float) -> list[SimRequest]:
         """The ready requests to start now (removed from the queue), in rank order."""
         queue, n = self.queue, len(self.queue)
         if n == 0 or self.idle == 0:
@@ -88,7 +88,7 @@ class Group:
         for w in gang:
             deadline.setdefault(w.wid, start)
 
-    def _fits_before(self, req: Request, slot: int, deadline: dict[int, float], now: float) -> bool:
+    def _fits_before(self, req: SimRequest, slot: int, deadline: dict[int, float], now: float) -> bool:
         """Backfill: an idle gang whose GPUs are claimed by higher-ranked requests may start if
         it is expected to end before any of those claimers is expected to start (estimates
         only: the claimers' running GPUs' expected ends and this request's service estimate)."""

@@ -42,7 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from plexrl.policy import DecodeModel
-from plexrl.sim.workload import GB, Cluster, Job, Rollout
+from plexrl.sim.workload import GB, Job, Rollout, SimCluster
 
 BYTES_PER_WEIGHT = 2
 BYTES_PER_TRAIN_PARAM = 16
@@ -95,12 +95,12 @@ def weight_sync_s(params_b: float) -> float:
     return pts[-1][1]
 
 
-def gpu_arena_bytes(cluster: Cluster) -> int:
+def gpu_arena_bytes(cluster: SimCluster) -> int:
     dev = cluster.device
     return int(dev.memory_gb * GB * dev.usable_fraction)
 
 
-def job_costs(job: Job, cluster: Cluster, train_gpus: int | None = None) -> JobCosts:
+def job_costs(job: Job, cluster: SimCluster, train_gpus: int | None = None) -> JobCosts:
     """Costs of `job` on `cluster`; the training state is sharded over `train_gpus` GPUs
     (default: all the job's GPUs)."""
     dev = cluster.device

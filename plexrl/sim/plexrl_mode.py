@@ -34,12 +34,11 @@ replicas instead of waiting for them (`placement.wait_s`; `plexrl bench cotenanc
 from __future__ import annotations
 
 from enum import Enum
-from functools import partial
 from typing import Callable
 
 from plexrl.policy import StepClock
 from plexrl.policy.admission import AdmissionQueue, Forecast, measured_inflation
-from plexrl.policy.placement import FirstFit, Placement, Placer
+from plexrl.policy.placement import Placement, Placer
 from plexrl.policy.profile import JobProfile
 from plexrl.policy.resources import ResourceView
 from plexrl.sim.group import Group
@@ -50,7 +49,7 @@ from plexrl.sim.profiles import job_profile
 from plexrl.sim.runner import Mode, ModeResult
 from plexrl.sim.service import SimJob
 from plexrl.errors import ConfigError
-from plexrl.sim.workload import GB, Cluster
+from plexrl.sim.workload import GB, SimCluster
 
 
 class Tail(str, Enum):
@@ -65,7 +64,7 @@ SLOT_S = 5.0  # placer horizon slot: 1,024 slots cover ~85 minutes, a few steps 
 HORIZON_SLOTS = 1024
 
 
-def resource_view(cluster: Cluster) -> ResourceView:
+def resource_view(cluster: SimCluster) -> ResourceView:
     c = cluster
     return ResourceView.uniform(
         pods=c.pods,
@@ -238,52 +237,3 @@ class PlexRLMode(Mode):
     def waiting_reasons(self) -> dict[str, str]:
         return {w.profile.job: w.reason for w in self.admission.waiting}
 
-
-def first_fit(workload, cluster, policy) -> PlexRLMode:
-    mode = PlexRLMode(workload, cluster, policy, placer=FirstFit)
-    mode.name = "plexrl-firstfit"
-    return mode
-
-
-def no_shift(workload, cluster, policy) -> PlexRLMode:
-    """The Placer's choice of group and devices, but every job starts at once (one candidate
-    shift): what the phase shift alone is worth."""
-    mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, max_shifts=1))
-    mode.name = "plexrl-noshift"
-    return mode
-
-
-def pack_first(workload, cluster, policy) -> PlexRLMode:
-    """The Placer packing first (`Placer(pack_first=True)`): a group already carrying jobs
-    takes a newcomer whenever every job there stays within what it is judged by."""
-    mode = PlexRLMode(workload, cluster, policy, placer=partial(Placer, pack_first=True))
-    mode.name = "plexrl-pack"
-    return mode
-
-
-def whole_tail(workload, cluster, policy) -> PlexRLMode:
-    mode = PlexRLMode(workload, cluster, policy, tail=Tail.NEVER)
-    mode.name = "plexrl-wholetail"
-    return mode
-
-
-def pinned(workload, cluster, policy) -> PlexRLMode:
-    """Rollouts dealt to their replicas once, as in the baselines (a shared job's consolidated
-    tail included), instead of elastic over the replicas it may use."""
-    mode = PlexRLMode(workload, cluster, policy, elastic=False)
-    mode.name = "plexrl-pinned"
-    return mode
-
-
-def all_tail(workload, cluster, policy) -> PlexRLMode:
-    mode = PlexRLMode(workload, cluster, policy, tail=Tail.ALWAYS)
-    mode.name = "plexrl-alltail"
-    return mode
-
-
-def no_moves(workload, cluster, policy) -> PlexRLMode:
-    """No job moves at its step boundary, neither to let a waiting one start nor to leave a
-    share for unused GPUs: what moving jobs is worth."""
-    mode = PlexRLMode(workload, cluster, policy, move_jobs=False)
-    mode.name = "plexrl-nomove"
-    return mode

@@ -2,7 +2,7 @@
 (`arrival`, `dispatch`, `start`, `end`, `transition`, `step`), so that `plexrl trace` and the
 dashboard read a simulated run and a real one alike (`plexrl sim W --trace DIR`).
 
-A `Service` given a recorder (`service.record`) reports each call it holds on a gang (from its
+A `SimService` given a recorder (`service.record`) reports each call it holds on a gang (from its
 arrival, through the switch-in its dispatch made, to its end), each move of a switch, each elastic
 rollout segment (a `sample` call on the replicas it held) and each step mark. A call on a gang of
 several GPUs is one request whose `end` names them all (`devices`); its `device` is the first.

@@ -34,7 +34,7 @@ def gpu_hours_per_step(result: ModeResult) -> float:
 def cost_reduction(result: ModeResult, baseline: ModeResult) -> float:
     """The user's saving against colocated on the steps this mode completed: 1 - what it
     charged for them over what colocated charges for the same steps, each job's steps priced
-    at its class's colocated GPU-hours per step (`JobRecord.kind`). When every job completes
+    at its class's colocated GPU-hours per step (`SimJobRecord.kind`). When every job completes
     its steps in both modes this is 1 - `gpu_hours_per_step` over colocated's; when the run's
     end cuts jobs off, the modes complete different mixes (one that starts more 235B-class jobs
     completes more of the costliest steps), and the ratio of the two averages would count that
@@ -98,7 +98,7 @@ def stranded_gpus(result: ModeResult) -> tuple[float, float | None]:
     would break a job's slack."""
     changes: list[tuple[float, int, tuple[int, ...]]] = []  # (time, +1 / -1, GPUs held; () for a wait)
     for r in result.records:
-        placed = r.placed  # set whenever the job started (`Service.start`)
+        placed = r.placed  # set whenever the job started (`SimService.start`)
         if placed is None:
             changes += [(r.arrival, 1, ()), (result.end_s, -1, ())]
             continue

@@ -5,7 +5,7 @@ rollouts, Fig. 7c, and RLix's generation that shrinks and grows between jobs).
 A pinned rollout (the baselines, and a PlexRL job alone on its GPUs) deals its responses to
 its replicas once and waits for the slowest (`latency.decode_shards`). A job that shares its
 GPUs instead decodes its turn as one batch spread evenly over the replicas it holds, and that
-set changes as its co-tenants' calls and rollouts come and go (`service.Service._rebalance`,
+set changes as its co-tenants' calls and rollouts come and go (`elastic_rollouts.ElasticRollouts.rebalance`,
 `policy.share_replicas`): it starts on the replicas no call runs on or waits for (it does not
 wait for all of them), grows onto replicas that free up, and gives some up to a co-tenant's
 rollout that begins. Device functions are neither preempted by it nor overtaken: a call that

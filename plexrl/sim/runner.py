@@ -20,9 +20,9 @@ from plexrl.sim.group import Group
 from plexrl.sim.latency import gpu_arena_bytes, job_costs
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
-from plexrl.sim.service import Service, SimJob
+from plexrl.sim.service import SimJob, SimService
 from plexrl.sim.worker import SimWorker
-from plexrl.sim.workload import GB, Cluster, Job, Workload
+from plexrl.sim.workload import GB, Job, SimCluster, Workload
 
 
 def expand_jobs(workload: Workload) -> list[Job]:
@@ -45,7 +45,7 @@ def expand_jobs(workload: Workload) -> list[Job]:
 
 
 @dataclass
-class JobRecord:
+class SimJobRecord:
     name: str
     gpus: int
     arrival: float
@@ -85,7 +85,7 @@ class JobRecord:
 class ModeResult:
     mode: str
     cluster_gpus: int
-    records: list[JobRecord]
+    records: list[SimJobRecord]
     end_s: float  # virtual time the run ended (last job end, or the horizon)
     events: int
     wall_s: float
@@ -101,10 +101,10 @@ class Mode:
     consolidates_tail = False  # a job that owns its devices frees nothing by consolidating
     exclusive_groups = True  # each group serves one job (the baselines): no request ever competes
 
-    def __init__(self, workload: Workload, cluster: Cluster, policy: Policy = Policy.PLEXRL):
+    def __init__(self, workload: Workload, cluster: SimCluster, policy: Policy = Policy.PLEXRL):
         self.workload, self.cluster, self.policy = workload, cluster, policy
         self.loop = EventLoop()
-        self.service = Service(self.loop, policy, self._job_done, exclusive=self.exclusive_groups)
+        self.service = SimService(self.loop, policy, self._job_done, exclusive=self.exclusive_groups)
         self.waiting: list[SimJob] = []
         self.jobs: list[SimJob] = []
         self._next_wid = 0
@@ -209,7 +209,7 @@ class Mode:
         for job in self.jobs:
             usage = ledger.jobs.get(job.name)
             predicted, shared = self.predicted(job, end)
-            records.append(JobRecord(
+            records.append(SimJobRecord(
                 job.name, self.gpus_of(job.spec), job.arrival, job.started, job.finished, job.step,
                 list(job.step_times), self.charged_gpu_s(job, end),
                 0.0 if usage is None else usage.switch_s, job.submitted, job.served,

@@ -13,18 +13,14 @@ GPUs a job's states are placed on, how GPUs are grouped, and what the job is cha
      caused (a GPU that waits in the gang for a slower GPU's switch is occupied too);
   5) when every shard of a phase is done the controller moves on (idle phases are timers).
 Execution estimates for the priority are learned online (`ExecEstimator`), as in the runtime.
-Elastic rollouts (PlexRL jobs that share their GPUs, `rollout.py`): a sample phase is not one
-call per replica but one `Rollout` that decodes on the replicas no call runs on or waits for,
-shared out among the group's rollouts by `policy.share_replicas` whenever a call or a rollout
-segment ends or a rollout begins (`_rebalance`); a segment runs non-preemptively to its
-rollout's consolidation cut or end, or until the replicas are shared out again, and is charged
-per GPU when it stops.
+Elastic rollouts (PlexRL jobs that share their GPUs): a sample phase is not one call per replica
+but one `Rollout` that decodes on the replicas no call runs on or waits for (`elastic_rollouts.py`).
 Invariant (tested): per GPU, ledger busy time == the busy intervals recorded here.
 Speed: this is the simulator's hot loop (one start and one `_done` per call). A call that
 starts at once with its state resident on its whole gang (most) is started inline by
 `_submit_phase` (`_hold` without a switch: no planning); the hold and the ledger charge are one
 pass over the gang (`occupy_gang`, bit-identical to the Ledger's methods, tested); such a call
-travels as a plain tuple (a `Request` only when it queues) that carries the two moving averages
+travels as a plain tuple (a `SimRequest` only when it queues) that carries the two moving averages
 its end updates (`ExecEstimator.ewmas`: looked up once per phase, not per call). In the baselines (`exclusive`:
 each group serves one job, so nothing competes and no estimate is read) a phase's calls start
 together and end in one event that stands for all of them (`_run_together`; tested equal to
@@ -39,15 +35,16 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
-from plexrl.policy import ExecEstimator, Ledger, Policy, StepClock, share_replicas
+from plexrl.policy import ExecEstimator, Ledger, Policy, StepClock
 from plexrl.policy.types import Tier
 
+from plexrl.sim.elastic_rollouts import ElasticRollouts, short_of_replicas
 from plexrl.sim.engine import EventLoop
 from plexrl.sim.group import Group
 from plexrl.sim.latency import JobCosts
 from plexrl.sim.phases import Phase, StepPlans, part_lengths, solo_step_s
-from plexrl.sim.rollout import Decode, Rollout, Segment
-from plexrl.sim.worker import KIND_NAME, Request, SimWorker
+from plexrl.sim.rollout import Decode
+from plexrl.sim.worker import KIND_NAME, SimRequest, SimWorker, mark_used
 from plexrl.sim.workload import Job
 
 DEVICE = Tier.DEVICE
@@ -143,7 +140,10 @@ class SimJob:
         return (units[first:] + units[:first])[:k]
 
 
-class Service:
+class SimService:
+    """The calls of every job of a mode on its GPUs: controllers, gangs, switches and charges,
+    with the elastic rollouts of shared jobs beside them (`rollouts`)."""
+
     def __init__(self, loop: EventLoop, policy: Policy, on_job_done: Callable[[SimJob], None], prior_s: float = 60.0,
                  exclusive: bool = False):
         self.loop = loop
@@ -158,9 +158,8 @@ class Service:
         self.estimator = ExecEstimator(prior_s=prior_s)
         self.busy = array("d")  # every call's (start, end, GPUs), flat
         self._seq = 0
-        self._rollouts: dict[Rollout, None] = {}  # elastic rollouts in progress, in start order
-        self._segments = 0  # rollout segments started: each end event carries its number
         self.record = None  # a `SimRecorder` (recorder.py) when the run's events are wanted
+        self.rollouts = ElasticRollouts(self)
 
     # --- controllers --------------------------------------------------------------------------
     def start(self, job: SimJob) -> None:
@@ -182,16 +181,17 @@ class Service:
     def _phases(self, job: SimJob) -> None:
         job.tail_steps.append(job.consolidate_tail)
         job.phases, job.phase_i = job.next_phases(), 0
-        self._advance(job)
+        self.advance(job)
 
-    def _advance(self, job: SimJob) -> None:
+    def advance(self, job: SimJob) -> None:
+        """The job's controller moves on: its next phase, or its next step, or it is done."""
         now = self.loop.now
         while job.phase_i < len(job.phases):
             phase = job.phases[job.phase_i]
             job.phase_i += 1
             if phase.state is None:
                 if phase.idle_s > 0:
-                    self.loop.at(now + phase.idle_s, self._advance, job)
+                    self.loop.at(now + phase.idle_s, self.advance, job)
                     return
                 continue
             self._submit_phase(job, phase)
@@ -210,7 +210,7 @@ class Service:
     # --- groups and GPUs ------------------------------------------------------------------------
     def _submit_phase(self, job: SimJob, phase: Phase) -> None:
         if phase.fn == "sample" and job.elastic and job.tail_steps[-1]:
-            self._start_rollout(job, phase)
+            self.rollouts.start(job, phase)
             return
         loop, estimator = self.loop, self.estimator
         now, sid, fn = loop.now, job.state_id(phase.state), phase.fn
@@ -246,15 +246,15 @@ class Service:
                         end = self._hold(job, sid, gang, exec_s, now, est_s, fn)
                     ends.append((end, first + i, done, (job, sid, fn, exec_s, gang, ewmas)))
                     continue
-            req = Request(job, sid, fn, exec_s, now, gang)
+            req = SimRequest(job, sid, fn, exec_s, now, gang)
             group.add(self._seq, req, est_s, job.clock.deadline(now))
             self._seq += 1
             queued[group.gid] = group
         loop.at_all_reserved(ends)
         for group in queued.values():
-            self._dispatch(group)
+            self.dispatch(group)
 
-    def _dispatch(self, group: Group) -> None:
+    def dispatch(self, group: Group) -> None:
         estimator, now = self.estimator, self.loop.now
         for req in group.select(self.policy, now):
             job, sid, fn, exec_s, gang = req.job, req.state_id, req.fn, req.exec_s, req.gang
@@ -267,7 +267,7 @@ class Service:
         the gang; returns when the call ends. `est_s` is the call's current execution estimate."""
         now = self.loop.now
         resident = mark_used(gang, sid, now)
-        switch_s = 0.0 if resident else self._switch_in(gang, job.name, sid, now)  # resident everywhere: most calls
+        switch_s = 0.0 if resident else self.switch_in(gang, job.name, sid, now)  # resident everywhere: most calls
         expected_end = now + switch_s + est_s
         occupy_gang(self.ledger, job.name, gang, exec_s, now - arrival, expected_end)
         gang[0].group.idle -= len(gang)
@@ -277,7 +277,7 @@ class Service:
             self.record.call(job.name, sid, fn, gang, arrival, now, switch_s, end)
         return end
 
-    def _switch_in(self, gang: tuple[SimWorker, ...], job: str, sid: str, now: float) -> float:
+    def switch_in(self, gang: tuple[SimWorker, ...], job: str, sid: str, now: float) -> float:
         """Make state `sid` resident on every GPU of the gang where it is not; charge `job` each
         GPU's moves, and a GPU held in the gang while a slower GPU switches its wait; returns
         the gang's switch seconds."""
@@ -328,15 +328,12 @@ class Service:
         self.loop.count(len(ends) - 1)  # this handler is the last call's end; the others ended before
         job.served += len(ends)
         job.outstanding = 0
-        self._advance(job)
+        self.advance(job)
 
     def finish(self, until: float) -> None:
         """At the horizon: count the calls of phases ending together that ended by `until`, and
         charge the rollouts' segments running then up to it."""
-        for rollout in list(self._rollouts):
-            seg = rollout.segment
-            if seg is not None and seg.start < until:
-                self._stop_segment(rollout, max(until, seg.start + seg.switch_s))
+        self.rollouts.finish(until)
         for job, (ends, _) in self._together.items():
             ended = sum(1 for end in ends if end <= until)
             job.served += ended
@@ -356,156 +353,11 @@ class Service:
         job.outstanding -= 1
         if job.outstanding == 0:
             job.clock.delayed(self.loop.now - job.phase_start - max(job.phases[job.phase_i - 1].shard_s))
-            self._advance(job)
+            self.advance(job)
         if group.waiting:  # `select` starts nothing from an empty queue
-            self._dispatch(group)
-        if group.rollouts and _short_of_replicas(group.rollouts):
-            self._rebalance(group)
-
-    # --- elastic rollouts (`rollout.py`) --------------------------------------------------------
-    def _start_rollout(self, job: SimJob, phase: Phase) -> None:
-        """A turn of the job's generation begins: it decodes on whichever of its replicas it
-        may use (its pinned consolidated tail, the next phase, is part of it)."""
-        now = self.loop.now
-        solo_s = max(phase.shard_s)
-        if job.phase_i < len(job.phases) and job.phases[job.phase_i].fn == "sample_tail":
-            solo_s += max(job.phases[job.phase_i].shard_s)
-            job.phase_i += 1
-        units = job.gangs(phase)
-        rollout = Rollout(job, job.state_id(phase.state), units, job.decode(phase.part), now, solo_s)
-        job.outstanding, job.phase_start = 1, now
-        self._rollouts[rollout] = None
-        group = units[0][0].group
-        group.rollouts.append(rollout)
-        self._rebalance(group)
-
-    def _rebalance(self, group: Group) -> None:
-        """Share the replicas no call runs on or waits for among the group's rollouts
-        (`policy.share_replicas`), and move each rollout whose share changed."""
-        now = self.loop.now
-        claimed = {w for r in group.waiting.values() for w in r.gang} if group.waiting else set()
-        holder: dict[SimWorker, Rollout] = {}
-        fixed: list[Rollout] = []  # loading its replicas: keeps them until the load is done
-        for rollout in group.rollouts:
-            seg = rollout.segment
-            if seg is None:
-                continue
-            if now < seg.start + seg.switch_s:
-                fixed.append(rollout)
-            for unit in seg.units:
-                for w in unit:
-                    holder[w] = rollout
-        movable = [r for r in group.rollouts if r not in fixed]
-        if not movable:
-            return
-        wants, usable, held, by_key = [], [], [], []
-        for rollout in movable:
-            keys = {}
-            for key, unit in zip(rollout.keys, rollout.units):
-                for w in unit:  # it keeps what it holds; takes what is free or another rollout's, unless a call waits
-                    owner = holder.get(w)
-                    if owner is not rollout and (w in claimed or owner in fixed or (owner is None and w.busy)):
-                        break
-                else:
-                    keys[key] = unit
-            by_key.append(keys)
-            usable.append(list(keys))
-            seg = rollout.segment
-            held.append([key for key, unit in zip(rollout.keys, rollout.units) if unit in seg.units]
-                        if seg is not None else [])
-            wants.append(rollout.want())
-        shares = share_replicas(wants, usable, held)
-        moves = []
-        for rollout, share, mine, keys in zip(movable, shares, held, by_key):
-            if set(share) != set(mine):
-                moves.append((rollout, tuple(keys[key] for key in share)))
-        freed = False  # a replica a call waits for, given up: the call may start
-        for rollout, _ in moves:
-            if rollout.segment is not None:
-                freed = freed or any(w in claimed for unit in rollout.segment.units for w in unit)
-                self._stop_segment(rollout, now)
-        for rollout, units in moves:
-            if units:
-                self._start_segment(rollout, units, now)
-        if freed:
-            self._dispatch(group)
-
-    def _start_segment(self, rollout: Rollout, units: tuple, now: float) -> None:
-        job, sid = rollout.job, rollout.sid
-        kept = tuple(u for u in units if u in rollout.kv_units and all(w.states[sid].tier is DEVICE for w in u))
-        own = [0.0 if mark_used(unit, sid, now) else self._switch_in(unit, job.name, sid, now) for unit in units]
-        switch_s = max(own)
-        for unit, unit_s in zip(units, own):  # held while a slower replica of the segment loads
-            if unit_s < switch_s:
-                for w in unit:
-                    self.ledger.charge_transition(job.name, w.wid, "gang_wait", 0, switch_s - unit_s)
-        moving_s = rollout.moving_s(units, kept)
-        k_end, end = rollout.segment_end(now, switch_s, moving_s, len(units))
-        token = self._segments
-        self._segments += 1
-        rollout.segment = Segment(units, now, switch_s, moving_s, rollout.k, k_end, end, token)
-        gpus = 0
-        for unit in units:
-            for w in unit:
-                w.busy, w.expected_end = True, end
-            gpus += len(unit)
-        units[0][0].group.idle -= gpus
-        job.submitted += len(units)
-        self.loop.at(end, self._segment_end, (rollout, token))
-
-    def _stop_segment(self, rollout: Rollout, now: float) -> None:
-        """End the rollout's segment at `now` (at or after its load): how far it decoded, and
-        the charge for it."""
-        seg, job = rollout.segment, rollout.job
-        rollout.segment = None
-        decoding = now - seg.decoding_from
-        if now >= seg.end:
-            rollout.k = seg.k_end
-        elif decoding > 0:
-            rollout.k = rollout.decode.reach(seg.k0, decoding, len(seg.units), seg.k_end)
-        if now >= seg.decoding_from:  # its live responses are spread over these replicas now
-            rollout.kv_units = seg.units
-        exec_s = now - seg.start - seg.switch_s
-        usage, device_busy = self.ledger.jobs[job.name], self.ledger.device_busy_s
-        gpus = 0
-        for unit in seg.units:
-            if self.record is not None:  # the segment's decode on this replica: a sample call from its start
-                self.record.call(job.name, rollout.sid, "sample", unit, seg.start, seg.start, seg.switch_s, now)
-            for w in unit:
-                w.busy = False
-                device_busy[w.wid] += exec_s
-            usage.exec_s += exec_s * len(unit)
-            usage.exec_wall_s += exec_s * len(unit)
-            usage.requests += 1
-            self.busy.extend((seg.start, now, len(unit)))
-            gpus += len(unit)
-        seg.units[0][0].group.idle += gpus
-        job.served += len(seg.units)
-
-    def _segment_end(self, arg: tuple) -> None:
-        rollout, token = arg
-        seg = rollout.segment
-        if seg is None or seg.token != token:  # stopped earlier, or moved on
-            return
-        group = seg.units[0][0].group
-        self._stop_segment(rollout, self.loop.now)
-        if rollout.done:
-            self._finish_rollout(rollout)
-        else:  # at its consolidation cut: it goes on at once on the replicas it keeps
-            self._start_segment(rollout, seg.units[:rollout.want()], self.loop.now)
-        if group.waiting:
-            self._dispatch(group)
-        if group.rollouts and _short_of_replicas(group.rollouts):
-            self._rebalance(group)
-
-    def _finish_rollout(self, rollout: Rollout) -> None:
-        job, now = rollout.job, self.loop.now
-        group = rollout.units[0][0].group
-        group.rollouts.remove(rollout)
-        del self._rollouts[rollout]
-        job.outstanding = 0
-        job.clock.delayed(max(0.0, now - rollout.started - rollout.solo_s))
-        self._advance(job)
+            self.dispatch(group)
+        if group.rollouts and short_of_replicas(group.rollouts):
+            self.rollouts.rebalance(group)
 
 
 def occupy_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: float, wait_s: float,
@@ -524,28 +376,6 @@ def occupy_gang(ledger: Ledger, job: str, gang: tuple[SimWorker, ...], exec_s: f
     usage.exec_s, usage.exec_wall_s = total, wall
     usage.queue_wait_s += wait_s
     usage.requests += 1
-
-
-def _short_of_replicas(rollouts: list[Rollout]) -> bool:
-    """Whether a rollout holds fewer replicas than it wants: only then can GPUs that free up
-    change how the group's replicas are shared (a rollout that begins shares them out itself)."""
-    for rollout in rollouts:
-        seg = rollout.segment
-        if seg is None or len(seg.units) < rollout.want():
-            return True
-    return False
-
-
-def mark_used(gang: tuple[SimWorker, ...], sid: str, now: float) -> bool:
-    """Record that state `sid` is used now on every GPU of the gang; whether it is resident on
-    all of them."""
-    resident = True
-    for w in gang:
-        state = w.states[sid]
-        state.last_used = now
-        if state.tier is not DEVICE:
-            resident = False
-    return resident
 
 
 def _all_idle(gang: tuple[SimWorker, ...]) -> bool:

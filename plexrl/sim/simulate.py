@@ -1,15 +1,6 @@
 """Run one workload in every mode and compare: the simulator's entry point for code and CLI.
 
-Modes: `colocated`, `split`, and PlexRL once per request policy — `plexrl` (the switch-aware
-priority) and `plexrl-hrrn`, `plexrl-sjf`, `plexrl-fcfs`, all with phase-shift placement — and
-`plexrl-firstfit` (switch-aware priority, first-fit placement), `plexrl-noshift` (the Placer's
-groups and devices without phase shifts), `plexrl-pack` (the Placer packing into groups that
-already carry jobs first, `Placer(pack_first=True)`), `plexrl-wholetail` (PlexRL without long-tail
-consolidation: every sampler worker stays through the tail), `plexrl-alltail` (every job
-consolidates its tails, sharing or not; `plexrl` consolidates only while a job shares its GPUs)
-and `plexrl-pinned` (a shared job's rollouts dealt to its replicas once instead of elastic).
-`alone` is a bound, run only when asked for (`BOUNDS`): every job on GPUs of its own from its
-arrival, never queueing or sharing (`colocated_mode.AloneMode`).
+Modes by name: `modes.MODE_TABLE`; `alone` is a bound, run only when asked for (`BOUNDS`).
 Every PlexRL mode places with the workload's `pack_limit` (the operator's setting, default
 `placement.PACKING_PAYS`: the simulator's jobs all end, so a shared placement judges them by
 at most that slowdown; `plexrl sim --pack-limit none` judges each by its own slack).
@@ -22,39 +13,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable
 
-from plexrl.policy import Policy
-from plexrl.sim.colocated_mode import AloneMode, ColocatedMode
+from plexrl.sim.modes import MODE_TABLE, make_mode
 from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
-from plexrl.sim.plexrl_mode import (PlexRLMode, all_tail, first_fit, no_moves, no_shift, pack_first, pinned,
-                                    whole_tail)
 from plexrl.sim.report import summarize
-from plexrl.sim.runner import Mode, ModeResult
-from plexrl.sim.split_mode import SplitMode
-from plexrl.sim.workload import Cluster, Workload
-
-
-def mode_table() -> dict[str, Callable[[Workload, Cluster], Mode]]:
-    table: dict[str, Callable[[Workload, Cluster], Mode]] = {
-        "colocated": ColocatedMode,
-        "split": SplitMode,
-        "plexrl": lambda w, c: PlexRLMode(w, c, Policy.PLEXRL),
-    }
-    for policy in (Policy.HRRN, Policy.SJF, Policy.FCFS):
-        table[f"plexrl-{policy.value}"] = lambda w, c, p=policy: PlexRLMode(w, c, p)
-    table["plexrl-firstfit"] = lambda w, c: first_fit(w, c, Policy.PLEXRL)
-    table["plexrl-noshift"] = lambda w, c: no_shift(w, c, Policy.PLEXRL)
-    table["plexrl-pack"] = lambda w, c: pack_first(w, c, Policy.PLEXRL)
-    table["plexrl-wholetail"] = lambda w, c: whole_tail(w, c, Policy.PLEXRL)
-    table["plexrl-alltail"] = lambda w, c: all_tail(w, c, Policy.PLEXRL)
-    table["plexrl-pinned"] = lambda w, c: pinned(w, c, Policy.PLEXRL)
-    table["plexrl-nomove"] = lambda w, c: no_moves(w, c, Policy.PLEXRL)
-    table["alone"] = AloneMode
-    return table
-
+from plexrl.sim.runner import ModeResult
+from plexrl.sim.workload import SimCluster, Workload
 
 BOUNDS = ("alone",)  # not schedules: run when named (`--modes ...,alone`), not by default
-MODES = tuple(m for m in mode_table() if m not in BOUNDS)
+MODES = tuple(m for m in MODE_TABLE if m not in BOUNDS)
 
 
 # The request policies under phase-shift placement ask the placer the same questions until their
@@ -64,7 +31,7 @@ SHARED_PLACEMENTS = ("plexrl", "plexrl-hrrn", "plexrl-sjf", "plexrl-fcfs")
 
 def simulate(
     workload: Workload,
-    cluster: Cluster,
+    cluster: SimCluster,
     modes: tuple[str, ...] = MODES,
     on_mode: Callable[[str], None] | None = None,
     processes: int = 1,
@@ -74,10 +41,9 @@ def simulate(
     results are the same: every mode is a pure function of the workload, tested); `on_mode` is
     called with each mode's name as it finishes. `events_per_s` is events over the wall time of
     the whole call; `events_per_process_s` over the summed wall time of the modes' runs."""
-    table = mode_table()
-    unknown = [m for m in modes if m not in table]
+    unknown = [m for m in modes if m not in MODE_TABLE]
     if unknown:
-        raise ValueError(f"unknown simulator modes {unknown}; expected some of {list(table)}")
+        raise ValueError(f"unknown simulator modes {unknown}; expected some of {list(MODE_TABLE)}")
     if processes < 1:
         raise ValueError(f"processes = {processes}; expected at least 1")
     if "colocated" not in modes:
@@ -128,19 +94,19 @@ def _fresh_caches() -> None:
     _caches = (StepPlans(), PlacementMemo())
 
 
-def _run_modes(workload: Workload, cluster: Cluster, modes: tuple[str, ...],
+def _run_modes(workload: Workload, cluster: SimCluster, modes: tuple[str, ...],
                on_mode: Callable[[str], None] | None = None,
                caches: tuple[StepPlans, PlacementMemo] | None = None) -> dict[str, ModeResult]:
     plans, placements = caches if caches is not None else (StepPlans(), PlacementMemo())
-    table, runs = mode_table(), {}
+    runs = {}
     for mode in modes:
-        runs[mode] = table[mode](workload, cluster).run(plans, placements)
+        runs[mode] = make_mode(mode, workload, cluster).run(plans, placements)
         if on_mode:
             on_mode(mode)
     return runs
 
 
-def _run_pooled(workload: Workload, cluster: Cluster, modes: tuple[str, ...]) -> dict[str, ModeResult]:
+def _run_pooled(workload: Workload, cluster: SimCluster, modes: tuple[str, ...]) -> dict[str, ModeResult]:
     """`_run_modes` in a pool's process, with that process's caches."""
     return _run_modes(workload, cluster, modes, caches=_caches)
 
@@ -151,7 +117,7 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
-def over_seeds(workload: Workload, cluster: Cluster, seeds: int, modes: tuple[str, ...] = MODES,
+def over_seeds(workload: Workload, cluster: SimCluster, seeds: int, modes: tuple[str, ...] = MODES,
                on_mode: Callable[[str], None] | None = None, processes: int = 1) -> dict:
     """The same workload under seeds `workload.seed + k`, k < `seeds`: per mode, the mean and the
     worst of cost reduction and mean slowdown, and the worst p95 slowdown, so a figure that holds

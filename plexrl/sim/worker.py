@@ -53,7 +53,7 @@ KIND_NAME = {kind: kind.value for kind in TransitionKind}
 
 
 @dataclass(slots=True, eq=False)
-class Request:
+class SimRequest:
     """One function call of one job, pinned to its gang: the GPUs holding the shards it runs on
     (affinity), all occupied together from dispatch to end."""
 
@@ -188,3 +188,15 @@ class SimWorker:
         if moved:
             self.bandwidth.observe(KIND_NAME[kind], moved, seconds)
         return Move(kind, state_id, moved, seconds)
+
+
+def mark_used(gang: tuple[SimWorker, ...], sid: str, now: float) -> bool:
+    """Record that state `sid` is used now on every GPU of the gang; whether it is resident on
+    all of them."""
+    resident = True
+    for w in gang:
+        state = w.states[sid]
+        state.last_used = now
+        if state.tier is not DEVICE:
+            resident = False
+    return resident

@@ -40,7 +40,7 @@ class Device(Strict):
     host_link_gb_s: float = Field(50, gt=0, description="pinned host<->device copy bandwidth per GPU")
 
 
-class Cluster(Strict):
+class SimCluster(Strict):
     name: str = "cluster"
     pods: int = Field(1, ge=1)
     nodes_per_pod: int = Field(32, ge=1)
@@ -53,7 +53,7 @@ class Cluster(Strict):
     device: Device = Device()
 
     @model_validator(mode="after")
-    def _groups_tile_pods(self) -> "Cluster":
+    def _groups_tile_pods(self) -> "SimCluster":
         if self.nodes_per_pod % self.group_nodes:
             raise ValueError(
                 f"group_nodes = {self.group_nodes} must divide nodes_per_pod = {self.nodes_per_pod}"
@@ -203,5 +203,5 @@ def load_workload(name_or_path: str) -> Workload:
     return _parse(Workload, _find(name_or_path, "workloads", "workload"))
 
 
-def load_cluster(name_or_path: str) -> Cluster:
-    return _parse(Cluster, _find(name_or_path, "clusters", "cluster"))
+def load_cluster(name_or_path: str) -> SimCluster:
+    return _parse(SimCluster, _find(name_or_path, "clusters", "cluster"))
