@@ -7,8 +7,11 @@
 
 One front for every engine. An engine (plexrl/engines/) only says where each piece runs — a
 thread, a process, a Ray actor — by its `_host_*` methods; everything else happens here, the
-same way everywhere: admission and placement, weight sync, checkpoints, migration (through the
-checkpoint directory), re-placement from measured profiles, recovery, the event log, metrics.
+same way everywhere: admission and placement, weight sync, checkpoints (recovery.py), migration
+and re-placement from measured profiles at step boundaries (step_boundary.py), recovery, the
+event log and metrics (cluster_readout.py). What the front knows it keeps in small parts: the
+route caches (route_cache.py), the model folders' configs (model_configs.py), the checks a call
+passes before it is sent (call_checks.py).
 
 The control plane is called through its typed client (control_plane.py); a call crosses to its
 node as a `node.Call` (function name, its payload decoded at `submit` into the function's payload
@@ -33,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from plexrl.api import errors, validation
-from plexrl.api.cluster import StateHandle, check_name
+from plexrl.api.cluster import StateHandle
 from plexrl.api.futures import APIFuture
-from plexrl.api.types import LoraConfig, SaveStateResponse, is_integer
+from plexrl.api.types import LoraConfig, SaveStateResponse
 from plexrl.policy import JobProfile
 from plexrl.runtime import functions, precision, remote
-from plexrl.runtime.call_checks import CallChecks
+from plexrl.runtime.call_checks import CallChecks, check_new_model, check_service_client, plain_lora
 from plexrl.runtime.cluster_readout import ClusterReadout
 from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.control_plane import ControlClient
@@ -47,8 +50,9 @@ from plexrl.runtime.job_placer import provisional_profile
 from plexrl.runtime.memory_estimates import model_memory, state_bytes, weights_dtype
 from plexrl.runtime.model_configs import ModelConfigs
 from plexrl.runtime.node import Call, Synced
-from plexrl.runtime.payloads import CheckpointPayload
 from plexrl.runtime.recovery import NodeRecovery
+from plexrl.runtime.route_cache import RouteCache
+from plexrl.runtime.step_boundary import StepBoundary
 from plexrl.runtime.threads import ServicePool
 from plexrl.runtime.state_manager import BesideStates, check_budgets
 
@@ -63,7 +67,7 @@ class Description:
     checkpoint_dir: str
 
 
-class Front(NodeRecovery):
+class Front(StepBoundary, NodeRecovery):
     """`Front(config, name)` starts a cluster on the engine of the subclass (its pieces are named
     `<name>-...`, `name` defaults to a fresh id)."""
 
@@ -124,11 +128,8 @@ class Front(NodeRecovery):
         self.readout = ClusterReadout(self.plane, nodes, dict(
             policy=self.config.policy, devices=self.devices, nodes=len(nodes), engine=self.engine,
             read_replicas=self._read_replicas(self.config)))
-        self._handles: dict[str, StateHandle] = {}  # caches of the control plane's tables
-        self._routes: dict[str, int] = {}
-        self._samplers: dict[tuple[str, str], str] = {}
+        self.routes = RouteCache(self.plane)
         self._seq: dict[tuple[str, int], int] = defaultdict(int)  # (model, group) -> next call number
-        self._lost_seen: set[int] = set()  # lost groups this front has heard of
         self._bookkeeping = ServicePool(2, f"plexrl-front{self.front}")
         self._ids = itertools.count(self.front * 1_000_000_000 + 1)  # request ids unique across fronts
         self._lock = threading.Lock()
@@ -160,31 +161,16 @@ class Front(NodeRecovery):
         return self.nodes[group].target.enqueue(call, future)
 
     def _torch_device(self, setting: str) -> str:
-        """ClusterConfig.torch_device as the workers get it: resolved here ("auto": CUDA when this
-        process sees a GPU), where the workers run on this machine."""
-        from plexrl.runtime.cuda import resolve_device
-
-        return resolve_device(setting)
+        """ClusterConfig.torch_device as the workers get it."""
+        raise NotImplementedError
 
     def _check_gpus(self, config: ClusterConfig, torch_device: str) -> None:
-        """On CUDA, the logical devices' budgets fit the GPUs this process sees, which they share
-        round robin (runtime/cuda.py: check_gpus_hold); nothing to check on CPU."""
-        if not torch_device.startswith("cuda"):
-            return
-        import torch
-
-        from plexrl.runtime.cuda import check_gpus_hold
-
-        gpus = [torch.cuda.get_device_properties(i).total_memory for i in range(max(1, torch.cuda.device_count()))]
-        check_gpus_hold(config.devices, config.device_memory_bytes, gpus)
+        """Refuse devices whose budgets the GPUs the workers see cannot hold."""
+        raise NotImplementedError
 
     def _device_name(self, torch_device: str, index: int) -> str:
-        """Device `index`'s torch device: logical devices share the GPUs this process sees."""
-        if torch_device != "cuda":
-            return torch_device
-        import torch
-
-        return f"cuda:{index % max(1, torch.cuda.device_count())}"
+        """Device `index`'s torch device, as its worker names it."""
+        raise NotImplementedError
 
     def _is_node_loss(self, exc: BaseException) -> bool:
         """Whether a call's error means its node is gone (only where a node can be lost alone)."""
@@ -200,11 +186,7 @@ class Front(NodeRecovery):
         is placed to pay for the sharing it takes (placement's "Packing when it pays")."""
         from plexrl.api.client import ServiceClient
 
-        check_name("job", job)
-        if not (isinstance(slack, (int, float)) and not isinstance(slack, bool) and slack >= 0):
-            raise errors.InvalidInput(f"slack={slack!r}; expected a fraction of a step >= 0, e.g. 0.1")
-        if steps is not None and not (is_integer(steps) and steps >= 1):
-            raise errors.InvalidInput(f"steps={steps!r}; expected the job's number of steps (an integer >= 1) or None")
+        check_service_client(job, slack, steps)
         self._check_open()
         ends = steps is not None
         if profile is not None:
@@ -224,17 +206,9 @@ class Front(NodeRecovery):
     def add_model(self, job: str, name: str, base_model: str | Path, trainable: bool,
                   slack: float = 0.10, admission_timeout: float | None = None, owner: int | None = None,
                   lora: LoraConfig | None = None, sampler: str = "hf", ends: bool = False) -> StateHandle:
-        check_name("job", job)
-        check_name("model name", name)
-        if validation.check_sampler(sampler) != "hf" and trainable:
-            raise errors.InvalidInput(f"sampler={sampler!r} for trainable model {name!r}; expected 'hf' (a trainer "
-                                      "samples nothing: its snapshots choose their sampler when synced)")
+        check_new_model(job, name, trainable, sampler)
         self._check_open()
-        if lora is not None:
-            if not isinstance(lora, LoraConfig):
-                raise errors.InvalidInput(f"lora={lora!r}; expected None or a plexrl.LoraConfig")
-            lora.validate()
-            lora = lora.plain()
+        lora = plain_lora(lora)
         source = str(base_model)
         config = self.models.config(source)
         group = self.plane.placement(job)
@@ -250,22 +224,7 @@ class Front(NodeRecovery):
                                                                                          lora, sampler)))
         if owner is not None:
             self.plane.own(job, owner, handle.state_id)
-        return self._bind(handle, group)
-
-    def _bind(self, handle: StateHandle, group: int, sampler: tuple[str, str] | None = None) -> StateHandle:
-        self.plane.bind(handle, group, sampler)
-        with self._lock:
-            self._handles[handle.state_id] = handle
-            self._routes[handle.state_id] = group
-            if sampler is not None:
-                self._samplers[sampler] = handle.state_id
-        return handle
-
-    def _refresh(self) -> None:
-        """Reload the route caches from the control plane (after a node loss moved jobs)."""
-        tables = self.plane.tables()
-        with self._lock:
-            self._handles, self._routes, self._samplers = tables.handles, tables.groups, tables.samplers
+        return self.routes.bind(handle, group)
 
     def submit(self, state: StateHandle, fn: str, payload: dict | Any | None) -> APIFuture:
         """Send one call (a function of runtime/functions.py and its payload: a client's dict,
@@ -293,11 +252,11 @@ class Front(NodeRecovery):
         return future
 
     def _route(self, state: StateHandle) -> int | None:
-        group = self._routes.get(state.state_id)
-        if group is None or group in self._lost_seen:
+        group = self.routes.groups.get(state.state_id)
+        if group is None or group in self.routes.lost_seen:
             self._await_recoveries()
-            self._refresh()
-            group = self._routes.get(state.state_id)
+            self.routes.refresh()
+            group = self.routes.groups.get(state.state_id)
         return group
 
     def _resolve(self, done, future: APIFuture, state: StateHandle, fn: str, group: int, payload: Any) -> None:
@@ -320,7 +279,7 @@ class Front(NodeRecovery):
     def _book(self, future: APIFuture, state: StateHandle, fn: str, group: int, payload: Any, result) -> None:
         try:
             if isinstance(result, Synced):
-                result = self._bind(result.snapshot, group, (state.state_id, result.name))
+                result = self.routes.bind(result.snapshot, group, (state.state_id, result.name))
             elif isinstance(result, SaveStateResponse):
                 self._saved(state, payload)
         except Exception as exc:
@@ -333,11 +292,7 @@ class Front(NodeRecovery):
         return self.submit(state, "read_weights", None).result()
 
     def latest_sampler(self, trainer_id: str, name: str) -> StateHandle | None:
-        state_id = self._samplers.get((trainer_id, name))
-        if state_id is None or self._routes.get(state_id) in self._lost_seen:
-            self._refresh()
-            state_id = self._samplers.get((trainer_id, name))
-        return None if state_id is None else self._handles.get(state_id)
+        return self.routes.latest_sampler(trainer_id, name)
 
     def limits(self, state: StateHandle) -> tuple[int, int]:
         return self.models.limits(state.source)
@@ -350,59 +305,6 @@ class Front(NodeRecovery):
         validation.check_checkpoint_name(name)
         return self.checkpoint_dir / state.job / state.name / name
 
-    # -- step marks, re-placement, migration --------------------------------------------------------
-    def report_step(self, job: str, step: int, **fields) -> None:
-        """A job's step boundary: logged, a checkpoint every `checkpoint_every_steps` steps
-        (recovery.py), and the placer's look at its measured profile (`_replace`)."""
-        profile_due, since, group, slack = self.plane.step(job, step, fields)
-        if group is not None and slack is not None:
-            self._mark_on_node(group, job, slack)
-        self._step_mark(job, step)
-        self._replace(job, profile_due, since, group, slack)
-
-    def _mark_on_node(self, group: int, job: str, slack: float) -> None:
-        """The job's group scheduler starts counting its next step's waits against `slack`; a
-        node found gone is left to recovery (its next call finds it)."""
-        try:
-            remote.get(self.nodes[group].step_mark.remote(job, slack))
-        except Exception as exc:
-            if not remote.is_gone(exc):
-                raise
-
-    def _replace(self, job: str, profile_due: bool, since: float | None, marked: int | None,
-                 slack: float | None) -> None:
-        """Re-placement from the job's measured profile (every `profile_steps` steps, from its
-        events since `since`): when the placer moves it, the job migrates here, between its
-        steps, and resumes on its new phase. The step it starts there is marked on its new
-        group (its step mark went to `marked`), so that its waits count from the start."""
-        models = self.models.memory([h for h in list(self._handles.values()) if h.job == job and not h.is_snapshot])
-        events = self.events(job, since) if profile_due else None
-        decided = self.plane.on_step(job, models, events)
-        if decided is None:
-            return
-        group, shift_s = decided
-        self.migrate(job, group)
-        time.sleep(shift_s)
-        if group != marked and slack is not None:
-            self._mark_on_node(group, job, slack)
-
-    def migrate(self, job: str, group: int) -> None:
-        """Move every model of `job` to node group `group` through the checkpoint directory:
-        trainable ones saved (with their optimizer) after their last call, then added on the new
-        node and loaded; samplers synced again. Counted in metrics()["migrations"]."""
-        source = self.plane.placement(job)
-        if source is None or source == group:
-            return
-        models = [h for h in list(self._handles.values()) if h.job == job and not h.is_snapshot]
-        saves = [self.submit(h, "save_state", CheckpointPayload(str(self.checkpoint_path(h, "migration")), True))
-                 for h in models if h.trainable]
-        for save in saves:
-            save.result()
-        inputs = self.plane.restore_inputs(job)
-        remote.get(self.nodes[source].remove_job.remote(job))
-        self.plane.migrated(job, source, group, [h.state_id for h in models])
-        self._reinstate(job, group, inputs)
-
     def finish_job(self, job: str, owner: int | None = None) -> None:
         """Free what service client `owner` created; when it was the job's last one (or `owner` is
         None), the job is done: all its states are freed and waiting jobs may be admitted."""
@@ -410,15 +312,13 @@ class Front(NodeRecovery):
         if last:
             states = None
         group = self.plane.placement(job)
-        if group is not None and group not in self._lost_seen:
+        if group is not None and group not in self.routes.lost_seen:
             remote.get(self.nodes[group].remove_job.remote(job, states))
         freed = self.plane.finish(job) if last else states
         for state_id in freed:
             if not last:
                 self.plane.unbind(state_id)
-            with self._lock:
-                self._handles.pop(state_id, None)
-                self._routes.pop(state_id, None)
+            self.routes.forget(state_id)
 
     # -- observability (cluster_readout.py) ---------------------------------------------------------
     def live_nodes(self, lost: dict | None = None) -> list:

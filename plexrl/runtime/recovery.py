@@ -54,7 +54,7 @@ class NodeRecovery:
         every = self.checkpoint_every_steps
         if not every or (step + 1) % every:
             return
-        trainers = [h for h in list(self._handles.values()) if h.job == job and h.trainable]
+        trainers = [h for h in list(self.routes.handles.values()) if h.job == job and h.trainable]
         paths = {h.state_id: self.checkpoint_path(h, f"{AUTO_PREFIX}{step}") for h in trainers}
         saves = [self.submit(h, "save_state", CheckpointPayload(str(paths[h.state_id]), True)) for h in trainers]
         for save in saves:
@@ -83,7 +83,7 @@ class NodeRecovery:
 
     def _recover(self, group: int) -> None:
         """Re-place and restore every job of a lost node group, or wait for the front doing it."""
-        self._lost_seen.add(group)
+        self.routes.lost_seen.add(group)
         jobs = self.plane.begin_recovery(group)
         if jobs is None:
             self._await_recoveries()
@@ -94,12 +94,12 @@ class NodeRecovery:
                     self._restore_job(job, lost_at)
             finally:
                 self.plane.end_recovery(group)
-        self._refresh()
+        self.routes.refresh()
 
     def _await_recoveries(self) -> None:
         while Recovery.RUNNING in (lost := self.plane.lost_groups()).values():
             time.sleep(RECOVERY_POLL_S)
-        self._lost_seen.update(lost)
+        self.routes.lost_seen.update(lost)
 
     def _restore_job(self, job: str, lost_at: float) -> None:
         inputs = self.plane.restore_inputs(job)
@@ -129,7 +129,7 @@ class NodeRecovery:
         for h in models:
             remote.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable, h.lora,
                                                           h.sampler))
-            self._bind(h, group)
+            self.routes.bind(h, group)
             checkpoint = inputs.checkpoints.get(h.state_id)
             if checkpoint is not None and h.trainable:
                 self.submit(h, "load_state", CheckpointPayload(checkpoint.path, checkpoint.with_optimizer)).result()
