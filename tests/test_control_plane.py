@@ -19,9 +19,10 @@ METHODS = [name for name, _ in inspect.getmembers(ControlPlane, inspect.isfuncti
 @pytest.mark.parametrize("implementation", [Control, ControlClient])
 @pytest.mark.parametrize("method", METHODS)
 def test_every_control_plane_method_is_implemented_with_its_parameters(implementation, method):
-    declared = inspect.signature(getattr(ControlPlane, method))
-    implemented = inspect.signature(getattr(implementation, method))
-    assert list(implemented.parameters) == list(declared.parameters), (implementation.__name__, method)
+    declared = inspect.signature(getattr(ControlPlane, method)).parameters
+    implemented = [name for name in inspect.signature(getattr(implementation, method)).parameters
+                   if name != "_ray_trace_ctx"]  # what ray.remote(Control) adds to its methods, in place
+    assert implemented == list(declared), (implementation.__name__, method)
 
 
 class Refusing:

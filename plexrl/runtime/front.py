@@ -15,9 +15,10 @@ passes before it is sent (call_checks.py).
 
 The control plane is called through its typed client (control_plane.py); a call crosses to its
 node as a `node.Call` (function name, its payload decoded at `submit` into the function's payload
-type, runtime/payloads.py, sequence number): never a closure, never model state. The front never holds tensors of a state: nodes load models from
-their source folder (which every node must see) and return numbers and handles; weights leave a
-node only when asked (`fetch_weights`, as numpy).
+type of runtime/payloads.py, sequence number): never a closure, never model state. The front
+never holds tensors of a state: nodes load models from their source folder (which every node
+must see) and return numbers and handles; weights leave a node only when asked
+(`fetch_weights`, as numpy).
 """
 
 from __future__ import annotations
@@ -47,14 +48,13 @@ from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.control_plane import ControlClient
 from plexrl.runtime.host_buffers import WRITEBACK_FLAGS, node_folder
 from plexrl.runtime.job_placer import provisional_profile
-from plexrl.runtime.memory_estimates import model_memory, state_bytes, weights_dtype
+from plexrl.runtime.memory_estimates import provisional_memory
 from plexrl.runtime.model_configs import ModelConfigs
 from plexrl.runtime.node import Call, Synced
 from plexrl.runtime.recovery import NodeRecovery
 from plexrl.runtime.route_cache import RouteCache
 from plexrl.runtime.step_boundary import StepBoundary
 from plexrl.runtime.threads import ServicePool
-from plexrl.runtime.state_manager import BesideStates, check_budgets
 
 
 @dataclass(frozen=True)
@@ -213,12 +213,7 @@ class Front(StepBoundary, NodeRecovery):
         config = self.models.config(source)
         group = self.plane.placement(job)
         if group is None:
-            nbytes, shared = state_bytes(config, trainable, lora, self.precision)
-            reserve = self.config.activation_reserve_bytes or 0  # a measured one is known once the node measured it
-            check_budgets(name, job, trainable, nbytes, nbytes, self.config.device_memory_bytes,
-                          self.config.host_memory_bytes, shared, weights_dtype(self.precision, trainable, lora),
-                          BesideStates(reserve_bytes=reserve, shared_bytes=shared))
-            memory = model_memory(name, source, nbytes + reserve, nbytes, shared)
+            memory = provisional_memory(config, job, name, source, trainable, lora, self.precision, self.config)
             group = self._admit(provisional_profile(job, memory, self.slot_s), slack, True, admission_timeout, ends)
         handle = remote.unwrapped(lambda: remote.get(self.nodes[group].add_model.remote(job, name, source, trainable,
                                                                                          lora, sampler)))

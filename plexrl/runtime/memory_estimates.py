@@ -66,6 +66,21 @@ def state_bytes(config, trainable: bool, lora: LoraConfig | None = None, resolve
     return adapter_numel(config, lora) * 4 * (4 if trainable else 1), numel * 4
 
 
+def provisional_memory(config, job: str, name: str, source: str, trainable: bool, lora: LoraConfig | None,
+                       resolved: str, cluster) -> list[ModelMemory]:
+    """A model not loaded yet as admission counts it (`cluster`: the ClusterConfig): its estimated
+    bytes next to the activation reserve set (a measured one is known once the node measured it),
+    its LoRA base shared. StateTooLarge (state_manager.check_budgets) when it can never fit."""
+    from plexrl.runtime.state_manager import BesideStates, check_budgets
+
+    nbytes, shared = state_bytes(config, trainable, lora, resolved)
+    reserve = cluster.activation_reserve_bytes or 0
+    check_budgets(name, job, trainable, nbytes, nbytes, cluster.device_memory_bytes, cluster.host_memory_bytes,
+                  shared, weights_dtype(resolved, trainable, lora),
+                  BesideStates(reserve_bytes=reserve, shared_bytes=shared))
+    return model_memory(name, source, nbytes + reserve, nbytes, shared)
+
+
 def model_memory(name: str, source: str, device_bytes: int, host_bytes: int, shared_bytes: int) -> list[ModelMemory]:
     """A model as the placer counts it: its own bytes and, for a LoRA model, its frozen base as a
     shared model (one copy per node whatever the number of jobs using it; resident next to it)."""

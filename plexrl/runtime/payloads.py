@@ -111,7 +111,8 @@ class PayloadFields:
                                           f"the fields {self.expected()}")
         for key in self.required:
             if key not in payload:
-                raise errors.InvalidInput(f"{fn}'s payload lacks the key {key!r}; expected the fields {self.expected()}")
+                raise errors.InvalidInput(f"{fn}'s payload lacks the key {key!r}; expected the fields "
+                                          f"{self.expected()}")
         return self.cls(**payload)
 
     def expected(self) -> list[str]:
