@@ -88,19 +88,22 @@ class PayloadFields:
     cls: type
     names: frozenset[str]
     required: tuple[str, ...]
+    empty: Any  # the payload of no keys (None when some are required): payloads are frozen, one serves all
 
     @classmethod
     def of(cls, payload_type: type) -> PayloadFields:
         fields = dataclasses.fields(payload_type)
         required = tuple(f.name for f in fields if f.default is dataclasses.MISSING
                          and f.default_factory is dataclasses.MISSING)
-        return cls(payload_type, frozenset(f.name for f in fields), required)
+        return cls(payload_type, frozenset(f.name for f in fields), required, None if required else payload_type())
 
     def decode(self, fn: str, payload: Any) -> Any:
         """`payload` (a client's dict, None for none, or already of this type) as this type."""
         if isinstance(payload, self.cls):
             return payload
-        if payload is None:
+        if payload is None or (isinstance(payload, dict) and not payload):
+            if self.empty is not None:
+                return self.empty
             payload = {}
         if not isinstance(payload, dict):
             raise errors.InvalidInput(f"{fn}'s payload is a {type(payload).__name__}; expected a dict with the "
