@@ -16,6 +16,7 @@ import pytest
 import plexrl
 from plexrl import errors
 from plexrl.runtime.node import Call
+from plexrl.runtime.payloads import LogprobsPayload
 from plexrl.sim.calibrate import decode_fit
 from plexrl.sim.trace import build_trace
 
@@ -90,7 +91,7 @@ def test_a_bad_call_fails_alone_in_its_batch(tiny_model):
 
         def submit():
             good = sampler.compute_logprobs(plexrl.ModelInput.from_ints([5, 6, 7]))
-            bad = node.enqueue(Call(10**6, "job", state_id, "compute_logprobs", {"tokens": [5, 10**6]}, 99, 0))
+            bad = node.enqueue(Call(10**6, "job", state_id, "compute_logprobs", LogprobsPayload([5, 10**6]), 99, 0))
             other = sampler.sample(plexrl.ModelInput.from_ints([5, 6]), 2, plexrl.SamplingParams(max_tokens=3, seed=1))
             return good, bad, other
 

@@ -31,7 +31,7 @@ import plexrl
 from plexrl import errors
 from plexrl.models.tiny import make_tiny_model
 from plexrl.runtime.activation import batch_shape, measure_reserve
-from plexrl.runtime.front import kv_bytes_per_token
+from plexrl.runtime.memory_estimates import kv_bytes_per_token
 from plexrl.runtime.state import ModelState, load_module
 from tests.helpers import datum, reserve_bytes
 
@@ -98,7 +98,7 @@ def test_the_views_see_the_budget_less_the_reserve(tiny_model):
         assert split == {"device_memory_bytes": budget, "activation_reserve_bytes": reserve,
                          "activation_reserve_of": tiny_model, "engine_bytes": 0, "shared_bytes": 0,
                          "state_bytes": budget - reserve}
-        memory = c._memory([trainer.state])
+        memory = c.models.memory([trainer.state])
         assert [m.device_bytes for m in memory] == [trainer.state.device_bytes + reserve], "the placer counts it too"
         trainer.forward_backward([datum([5, 6, 7, 8])]).result(TIMEOUT_S)
         assert c.metrics()["activation_reserves"] == {tiny_model: reserve}

@@ -8,7 +8,8 @@ loaded on first use, and only the Ray engine imports Ray.
 
 `session(engine, devices)` and `open_cluster(engine, ...)` are how commands (`plexrl demo`,
 `plexrl run`) pick an engine by name. A fourth engine is a module here with a `Front` subclass
-that says where each piece runs (`_host_worker`, `_host_node`, `_host_control`).
+that says where each piece runs (`_host_worker`, `_host_node`, `_host_control`) and what its
+devices are (`_torch_device`, `_check_gpus`, `_device_name`).
 """
 
 from __future__ import annotations

@@ -40,3 +40,30 @@ class LocalCluster(Front):
 
     def _host_control(self, name: str, args: tuple):
         return ThreadActor(Control(*args), CONTROL_THREADS, name)
+
+    def _torch_device(self, setting: str) -> str:
+        """ClusterConfig.torch_device as the workers get it: resolved here ("auto": CUDA when this
+        process sees a GPU), where the workers run on this machine."""
+        from plexrl.runtime.cuda import resolve_device
+
+        return resolve_device(setting)
+
+    def _check_gpus(self, config: ClusterConfig, torch_device: str) -> None:
+        """On CUDA, the logical devices' budgets fit the GPUs this process sees, which they share
+        round robin (runtime/cuda.py: check_gpus_hold); nothing to check on CPU."""
+        if not torch_device.startswith("cuda"):
+            return
+        import torch
+
+        from plexrl.runtime.cuda import check_gpus_hold
+
+        gpus = [torch.cuda.get_device_properties(i).total_memory for i in range(max(1, torch.cuda.device_count()))]
+        check_gpus_hold(config.devices, config.device_memory_bytes, gpus)
+
+    def _device_name(self, torch_device: str, index: int) -> str:
+        """Device `index`'s torch device: logical devices share the GPUs this process sees."""
+        if torch_device != "cuda":
+            return torch_device
+        import torch
+
+        return f"cuda:{index % max(1, torch.cuda.device_count())}"

@@ -19,6 +19,7 @@ from plexrl.api import errors
 from plexrl.engines import ray_setup
 from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.control import CONTROL_THREADS, Control
+from plexrl.runtime.control_plane import ControlClient
 from plexrl.runtime.device_worker import DeviceWorker
 from plexrl.runtime.front import Front, piece_name
 from plexrl.runtime.node import Call, Node
@@ -55,7 +56,7 @@ class RayCluster(Front):
             control = ray.get_actor(piece_name(name, "control"))
         except ValueError:
             raise errors.ConfigError(f"no PlexRL cluster named {name!r} in this Ray namespace") from None
-        description = ray.get(control.describe.remote())
+        description = ControlClient(control).describe()
         front = cls.__new__(cls)
         front._owns_ray, front._owned, front._tmp, front.name = False, [], None, name
         nodes = [ray.get_actor(piece_name(name, "node", g)) for g in range(len(description.node_ids))]

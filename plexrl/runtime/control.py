@@ -43,7 +43,29 @@ class Checkpoint:
     step: int | None  # the job's last reported step then (None: before its first step mark)
 
 
+@dataclass(frozen=True)
+class Tables:
+    """Every route, handle and sampler: what a front's caches are refreshed from."""
+
+    handles: dict[str, object]  # state id -> StateHandle
+    groups: dict[str, int]  # state id -> node group
+    samplers: dict[tuple[str, str], str]  # (trainer id, sync name) -> its latest snapshot's id
+
+
+@dataclass(frozen=True)
+class RestoreInputs:
+    """What restoring a job elsewhere needs (runtime/recovery.py)."""
+
+    handles: list  # its StateHandles, sampler snapshots too
+    synced: dict[str, list[str]]  # state id -> the names its weights were synced under
+    checkpoints: dict[str, Checkpoint | None]  # state id -> its latest checkpoint
+    started: float  # when the job was first admitted (control-plane clock)
+
+
 class Control:
+    """The control plane's tables and decisions; every method is a call of
+    control_plane.ControlPlane (a front reaches it through control_plane.ControlClient)."""
+
     def __init__(self, description, epoch: float):
         """`description`: front.Description (settings, node ids, paths); the placer's view is built
         here (arrays that crossed a process boundary may arrive read-only, and the placer updates it)."""
@@ -156,13 +178,13 @@ class Control:
             self.handles.pop(state_id, None)
         self.router.unbind(state_id)
 
-    def tables(self) -> dict:
+    def tables(self) -> Tables:
         """Every route, handle and sampler: a front's cache is refreshed from this."""
         with self._lock:
             handles = dict(self.handles)
-        return {"handles": handles, "groups": {sid: self.router.group_of(sid) for sid in handles},
-                "samplers": {(tid, name): self.router.sampler(tid, name)
-                             for tid in handles for name in self.router.synced_names(tid)}}
+        return Tables(handles, {sid: self.router.group_of(sid) for sid in handles},
+                      {(tid, name): self.router.sampler(tid, name)
+                       for tid in handles for name in self.router.synced_names(tid)})
 
     # -- checkpoints and lost groups (orchestrated by a front: runtime/recovery.py) ------------------
     def saved(self, state_id: str, job: str, path: str, with_optimizer: bool) -> None:
@@ -208,12 +230,12 @@ class Control:
     def lost_groups(self) -> dict[int, Recovery]:
         return dict(self._lost)
 
-    def restore_inputs(self, job: str) -> dict:
+    def restore_inputs(self, job: str) -> RestoreInputs:
         """What restoring `job` needs: its handles, their sampler names and checkpoints, its start."""
         handles = self._handles_of(job)
-        return {"handles": handles, "synced": {h.state_id: self.router.synced_names(h.state_id) for h in handles},
-                "checkpoints": {h.state_id: self.checkpoints.get(h.state_id) for h in handles},
-                "started": self.started.get(job, 0.0)}
+        return RestoreInputs(handles, {h.state_id: self.router.synced_names(h.state_id) for h in handles},
+                             {h.state_id: self.checkpoints.get(h.state_id) for h in handles},
+                             self.started.get(job, 0.0))
 
     def restored(self, job: str, point: dict, counts: dict) -> None:
         self.recovery_points[job] = point

@@ -141,7 +141,7 @@ class DeviceWorker:
         return ray.get_runtime_context().get_node_id()
 
     # -- the one call the scheduler makes per request --------------------------------------------
-    def run(self, steps: list[WorkerStep], fn: str, payload: dict, state_id: str,
+    def run(self, steps: list[WorkerStep], fn: str, payload: Any, state_id: str,
             prefetch: list[WorkerStep] = ()) -> WorkerReply:
         """Run the planned transitions, then the function; report what each took. `prefetch`:
         the steps of the next state's load (its victims' offloads, then the load), started

@@ -8,8 +8,10 @@ those segments back; the segments it leaves zero when it succeeds (`zeroes`: opt
 gradients) are zeroed on the host in place instead of copied (no link bytes for 4 B/param of
 zeros). A function that fails copies back every segment it may have touched, zeroed ones too:
 a refused optim_step leaves its gradients as they were.
-Clients build payloads (plain Python, numpy, the Tinker-like types; custom losses as callables,
-which cross process boundaries by cloudpickle). Every engine runs the same table.
+Each function names its payload type (runtime/payloads.py): clients build payloads as dicts
+(plain Python, numpy, the Tinker-like types; custom losses as callables, which cross process
+boundaries by cloudpickle), and the front decodes each one once (`decode`) into that type, which
+is what `run(state, payload)` gets. Every engine runs the same table.
 
 Node functions that produce something the front must route (a weight sync's snapshot) return
 it as data; the node itself carries out what spans states (`sync_weights`, see node.py).
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,6 +29,8 @@ from plexrl.api import errors
 from plexrl.api.types import LoadStateResponse, OptimStepResponse, SaveStateResponse
 from plexrl.backends import execution
 from plexrl.runtime import checkpoint
+from plexrl.runtime.payloads import (BatchPayload, CheckpointPayload, ForwardPayload, LogprobsPayload, NoPayload,
+                                     OptimPayload, PayloadFields, SamplePayload, SyncPayload)
 from plexrl.runtime.state import ModelState
 
 
@@ -49,16 +53,19 @@ EVERY_SEGMENT = frozenset(Segment)
 
 @dataclass(frozen=True)
 class Function:
-    run: Callable[..., Any] | None  # run(state, **payload); None: the node carries it out itself
+    run: Callable[..., Any] | None  # run(state, payload); None: the node carries it out itself
     where: Where = Where.DEVICE
     mutates: bool = False  # alone (no `writes`, no `zeroes`): it may change every segment
     writes: frozenset[Segment] = frozenset()  # segments it may change
     zeroes: frozenset[Segment] = frozenset()  # segments it leaves all zero when it succeeds
+    payload: type = NoPayload  # what it takes (runtime/payloads.py)
+    fields: PayloadFields = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.mutates and not (self.writes or self.zeroes):
             object.__setattr__(self, "writes", EVERY_SEGMENT)
         object.__setattr__(self, "mutates", bool(self.writes or self.zeroes))
+        object.__setattr__(self, "fields", PayloadFields.of(self.payload))
 
     @property
     def needs_device(self) -> bool:
@@ -71,15 +78,15 @@ class Function:
         return self.writes | self.zeroes, frozenset()
 
 
-def _sample(s: ModelState, **payload):
-    responses, _ = execution.sample_batch(s.module, [_sample_request(s, **payload)], autocast=s.autocast)
+def _sample(s: ModelState, p: SamplePayload):
+    responses, _ = execution.sample_batch(s.module, [_sample_request(s, p)], autocast=s.autocast)
     return responses[0]
 
 
-def _sample_request(s: ModelState, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs):
-    strings = params.stop is not None and any(isinstance(stop, str) for stop in params.stop)
-    return execution.sample_request(s.module, tokens, num_samples, params, seed=seed, stop_token_ids=stop_ids,
-                                    include_prompt_logprobs=include_prompt_logprobs,
+def _sample_request(s: ModelState, p: SamplePayload):
+    strings = p.params.stop is not None and any(isinstance(stop, str) for stop in p.params.stop)
+    return execution.sample_request(s.module, p.tokens, p.num_samples, p.params, seed=p.seed, stop_token_ids=p.stop_ids,
+                                    include_prompt_logprobs=p.include_prompt_logprobs,
                                     decode=decoder(s.source) if strings else None)
 
 
@@ -98,25 +105,25 @@ class BatchReply:
     stats: Any
 
 
-def _sample_batch(s: ModelState, calls: list[tuple[str, dict]], kv_tokens: int) -> BatchReply:
-    """`calls` (each `sample` or `compute_logprobs` with its payload) in one device call: every
+def _sample_batch(s: ModelState, batch: BatchPayload) -> BatchReply:
+    """`batch.calls` (each `sample` or `compute_logprobs` with its payload) in one device call: every
     sample's rows decoded together (execution.sample_batch) in a slot cache of at most
-    `kv_tokens` positions, each log-prob call on its own (its shape is its own, so its result is
+    `batch.kv_tokens` positions, each log-prob call on its own (its shape is its own, so its result is
     as alone). A call whose input is bad fails alone."""
-    outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(calls)
-    tokens = [0] * len(calls)
+    outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(batch.calls)
+    tokens = [0] * len(batch.calls)
     requests, positions = [], []
-    for i, (fn, payload) in enumerate(calls):
+    for i, (fn, payload) in enumerate(batch.calls):
         try:
             if fn == "sample":
-                requests.append(_sample_request(s, **payload))
+                requests.append(_sample_request(s, payload))
                 positions.append(i)
             else:
                 outcomes[i] = (execute(fn, s, payload), None)
-                tokens[i] = len(payload["tokens"])
+                tokens[i] = len(payload.tokens)
         except Exception as exc:  # the caller's own error, delivered to it alone
             outcomes[i] = (None, exc)
-    responses, stats = execution.sample_batch(s.module, requests, autocast=s.autocast, kv_tokens=kv_tokens)
+    responses, stats = execution.sample_batch(s.module, requests, autocast=s.autocast, kv_tokens=batch.kv_tokens)
     for i, request, response, sampled in zip(positions, requests, responses, stats.tokens):
         outcomes[i] = (response, None)
         tokens[i] = len(request.prompt) + sampled
@@ -137,38 +144,40 @@ def decoder(source: str) -> Callable[[list[int]], str]:
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def _forward_backward(s: ModelState, data, loss_fn, loss_fn_config, backward):
-    return execution.forward_backward(s.module, data, loss_fn, loss_fn_config, backward=backward, autocast=s.autocast)
+def _forward_backward(s: ModelState, p: ForwardPayload):
+    return execution.forward_backward(s.module, p.data, p.loss_fn, p.loss_fn_config, backward=p.backward,
+                                      autocast=s.autocast)
 
 
-def _save_state(s: ModelState, path: str, with_optimizer: bool) -> tuple[SaveStateResponse, int]:
+def _save_state(s: ModelState, p: CheckpointPayload) -> tuple[SaveStateResponse, int]:
     """The response and the bytes written (the node records the materialization)."""
-    return SaveStateResponse(str(path)), checkpoint.save_state(s, Path(path), with_optimizer)
+    return SaveStateResponse(str(p.path)), checkpoint.save_state(s, Path(p.path), p.with_optimizer)
 
 
-def _load_state(s: ModelState, path: str, with_optimizer: bool) -> LoadStateResponse:
-    checkpoint.load_state(s, Path(path), with_optimizer)
-    return LoadStateResponse(str(path))
+def _load_state(s: ModelState, p: CheckpointPayload) -> LoadStateResponse:
+    checkpoint.load_state(s, Path(p.path), p.with_optimizer)
+    return LoadStateResponse(str(p.path))
 
 
-def _read_weights(s: ModelState):
+def _read_weights(s: ModelState, _: NoPayload):
     return s.flat_weights().detach().float().cpu().numpy().copy()  # float32 whatever the state's dtype
 
 
 FUNCTIONS: dict[str, Function] = {
-    "sample": Function(_sample),
-    "sample_batch": Function(_sample_batch),  # calls of BATCHED the node coalesced (node.py)
-    "compute_logprobs": Function(lambda s, tokens: execution.compute_logprobs(s.module, tokens, autocast=s.autocast)),
-    "forward_backward": Function(_forward_backward, writes=frozenset({Segment.GRADS})),
-    "forward": Function(_forward_backward),
-    "optim_step": Function(lambda s, params: OptimStepResponse(checkpoint.adam_step(s, params)),
+    "sample": Function(_sample, payload=SamplePayload),
+    "sample_batch": Function(_sample_batch, payload=BatchPayload),  # calls of BATCHED the node coalesced (node.py)
+    "compute_logprobs": Function(lambda s, p: execution.compute_logprobs(s.module, p.tokens, autocast=s.autocast),
+                                 payload=LogprobsPayload),
+    "forward_backward": Function(_forward_backward, writes=frozenset({Segment.GRADS}), payload=ForwardPayload),
+    "forward": Function(_forward_backward, payload=ForwardPayload),
+    "optim_step": Function(lambda s, p: OptimStepResponse(checkpoint.adam_step(s, p.params)),
                            writes=frozenset({Segment.WEIGHTS, Segment.EXP_AVG, Segment.EXP_AVG_SQ}),
-                           zeroes=frozenset({Segment.GRADS})),
-    "noop": Function(lambda s: None),  # the whole request path and nothing else (benchmarks)
-    "save_state": Function(_save_state, Where.NODE),
-    "load_state": Function(_load_state, Where.NODE, mutates=True),
+                           zeroes=frozenset({Segment.GRADS}), payload=OptimPayload),
+    "noop": Function(lambda s, _: None),  # the whole request path and nothing else (benchmarks)
+    "save_state": Function(_save_state, Where.NODE, payload=CheckpointPayload),
+    "load_state": Function(_load_state, Where.NODE, mutates=True, payload=CheckpointPayload),
     "read_weights": Function(_read_weights, Where.NODE),  # a copy of the weights, flat float32 (tests, tools)
-    "sync_weights": Function(None, Where.NODE),  # makes or updates a sampler snapshot: node.py
+    "sync_weights": Function(None, Where.NODE, payload=SyncPayload),  # makes or updates a sampler snapshot: node.py
 }
 
 
@@ -180,5 +189,13 @@ def spec(fn: str) -> Function:
         raise errors.InvalidInput(f"function {fn!r} is not served; expected one of {sorted(FUNCTIONS)}") from None
 
 
-def execute(fn: str, state: ModelState, payload: dict[str, Any]) -> Any:
-    return FUNCTIONS[fn].run(state, **payload)
+def decode(fn: str, payload: Any) -> Any:
+    """A client's payload for `fn` (a dict, or None for none) as `fn`'s payload type: what
+    every later step of the call reads. InvalidInput naming the function, the key and the
+    expected fields for a key too many or missing; naming the served functions for an unknown `fn`."""
+    function = FUNCTIONS.get(fn) or spec(fn)  # spec raises the error of an unknown `fn`
+    return function.fields.decode(fn, payload)
+
+
+def execute(fn: str, state: ModelState, payload: Any) -> Any:
+    return FUNCTIONS[fn].run(state, payload)

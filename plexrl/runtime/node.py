@@ -53,6 +53,7 @@ from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.device_worker import NotResident, StateSpec, WorkerReply, WorkerStep
 from plexrl.runtime.events import EventLog
 from plexrl.runtime.host_buffers import SharedHostBuffers, sweep_stale
+from plexrl.runtime.payloads import BatchPayload
 from plexrl.runtime.scheduler import GroupScheduler, Request, as_user_error
 from plexrl.runtime.state import FLOAT_BYTES, ModelState, load_module, skeleton_like
 from plexrl.runtime.state_manager import StateManager
@@ -74,7 +75,7 @@ class Call:
     job: str
     state_id: str
     fn: str
-    payload: dict
+    payload: Any  # the function's payload type (runtime/payloads.py), decoded by the front
     caller: int  # the front's number
     seq: int  # the call's number among the front's calls of this model
 
@@ -344,8 +345,8 @@ class Node:
             self._emit(dispatched, "dispatch", call, device, switch=plan.is_switch)
         fn, payload = request.fn, request.payload
         if request.batch is not None:  # calls coalesced by the scheduler: one device call (functions.py)
-            fn, payload = "sample_batch", {"calls": [(call.fn, call.payload) for call in request.calls],
-                                           "kv_tokens": self.sm.decode_positions(request.state_id)}
+            fn, payload = "sample_batch", BatchPayload([(call.fn, call.payload) for call in request.calls],
+                                                       self.sm.decode_positions(request.state_id))
         result, error, timing = None, None, {}
         try:
             self._check_not_torn(request)  # it may have been torn while this call waited
@@ -416,7 +417,7 @@ class Node:
 
     def _run_on_node(self, request: Request, state: ModelState) -> Any:
         if request.fn == "sync_weights":
-            return self._sync(state, request.payload["name"], request.payload.get("sampler", "hf"))
+            return self._sync(state, request.payload.name, request.payload.sampler)
         start, t0 = self.telemetry.now(), time.perf_counter()
         result = functions.execute(request.fn, state, request.payload)
         if request.fn == "save_state":

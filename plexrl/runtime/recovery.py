@@ -31,8 +31,9 @@ import time
 
 from plexrl.api import errors
 from plexrl.runtime import remote
-from plexrl.runtime.control import Checkpoint, Recovery
+from plexrl.runtime.control import Checkpoint, Recovery, RestoreInputs
 from plexrl.runtime.job_placer import provisional_profile
+from plexrl.runtime.payloads import CheckpointPayload, SyncPayload
 
 AUTO_PREFIX = "auto-step-"
 RECOVERY_POLL_S = 0.05
@@ -41,11 +42,11 @@ RECOVERY_POLL_S = 0.05
 class NodeRecovery:
     def recovery_point(self, job: str) -> dict | None:
         """Where `job` was restored after a node loss: group, step, checkpoints (None if never)."""
-        return self._ask("recovery_point", job)
+        return self.plane.recovery_point(job)
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def _saved(self, state, payload: dict) -> None:
-        self._ask("saved", state.state_id, state.job, payload["path"], payload["with_optimizer"])
+    def _saved(self, state, payload: CheckpointPayload) -> None:
+        self.plane.saved(state.state_id, state.job, payload.path, payload.with_optimizer)
 
     def _step_mark(self, job: str, step: int) -> None:
         """Every `checkpoint_every_steps` step marks: checkpoint each trainable model of `job` as
@@ -53,10 +54,9 @@ class NodeRecovery:
         every = self.checkpoint_every_steps
         if not every or (step + 1) % every:
             return
-        trainers = [h for h in list(self._handles.values()) if h.job == job and h.trainable]
+        trainers = [h for h in list(self.routes.handles.values()) if h.job == job and h.trainable]
         paths = {h.state_id: self.checkpoint_path(h, f"{AUTO_PREFIX}{step}") for h in trainers}
-        saves = [self.submit(h, "save_state", {"path": str(paths[h.state_id]), "with_optimizer": True})
-                 for h in trainers]
+        saves = [self.submit(h, "save_state", CheckpointPayload(str(paths[h.state_id]), True)) for h in trainers]
         for save in saves:
             save.result()
         for path in paths.values():
@@ -83,60 +83,60 @@ class NodeRecovery:
 
     def _recover(self, group: int) -> None:
         """Re-place and restore every job of a lost node group, or wait for the front doing it."""
-        self._lost_seen.add(group)
-        jobs = self._ask("begin_recovery", group)
+        self.routes.lost_seen.add(group)
+        jobs = self.plane.begin_recovery(group)
         if jobs is None:
             self._await_recoveries()
         else:
             try:
-                lost_at = self._ask("now")
+                lost_at = self.plane.now()
                 for job in jobs:
                     self._restore_job(job, lost_at)
             finally:
-                self._ask("end_recovery", group)
-        self._refresh()
+                self.plane.end_recovery(group)
+        self.routes.refresh()
 
     def _await_recoveries(self) -> None:
-        while Recovery.RUNNING in (lost := self._ask("lost_groups")).values():
+        while Recovery.RUNNING in (lost := self.plane.lost_groups()).values():
             time.sleep(RECOVERY_POLL_S)
-        self._lost_seen.update(lost)
+        self.routes.lost_seen.update(lost)
 
     def _restore_job(self, job: str, lost_at: float) -> None:
-        inputs = self._ask("restore_inputs", job)
-        models = [h for h in inputs["handles"] if not h.is_snapshot]
-        memory = self._memory(models)
+        inputs = self.plane.restore_inputs(job)
+        models = [h for h in inputs.handles if not h.is_snapshot]
+        memory = self.models.memory(models)
         group = self._admit(provisional_profile(job, memory, self.slot_s), 0.10, True, None)
         restored = self._reinstate(job, group, inputs)
         from_base = len(models) - len(restored)
         trainables = [h for h in models if h.trainable]
-        since = min((restored[h.name].t if h.name in restored else inputs["started"]) for h in trainables) \
+        since = min((restored[h.name].t if h.name in restored else inputs.started) for h in trainables) \
             if trainables else lost_at
         steps = [c.step for c in restored.values() if c.step is not None]
         point = {"group": group, "step": min(steps) if steps else None, "lost_work_s": lost_at - since,
                  "checkpoints": {name: c.path for name, c in restored.items()}}
-        self._ask("restored", job, point, {"restored_from_checkpoint": len(restored), "restored_from_base": from_base,
-                                           "lost_work_s": lost_at - since})
+        self.plane.restored(job, point, {"restored_from_checkpoint": len(restored), "restored_from_base": from_base,
+                                         "lost_work_s": lost_at - since})
 
-    def _reinstate(self, job: str, group: int, inputs: dict) -> dict[str, Checkpoint]:
+    def _reinstate(self, job: str, group: int, inputs: RestoreInputs) -> dict[str, Checkpoint]:
         """Add `job`'s models on `group`, keeping their ids (its clients work unchanged): trainable
         ones loaded from their latest checkpoint, the others from their base model; then sync every
         sampler name again (snapshots are not moved). Returns the checkpoints used, by model name."""
-        models = [h for h in inputs["handles"] if not h.is_snapshot]
-        for h in inputs["handles"]:
+        models = [h for h in inputs.handles if not h.is_snapshot]
+        for h in inputs.handles:
             if h not in models:
-                self._ask("unbind", h.state_id)
+                self.plane.unbind(h.state_id)
         restored = {}
         for h in models:
             remote.get(self.nodes[group].add_model.remote(job, h.name, h.source, h.trainable, h.lora,
                                                           h.sampler))
-            self._bind(h, group)
-            checkpoint = inputs["checkpoints"].get(h.state_id)
+            self.routes.bind(h, group)
+            checkpoint = inputs.checkpoints.get(h.state_id)
             if checkpoint is not None and h.trainable:
-                self.submit(h, "load_state", {"path": checkpoint.path, "with_optimizer": checkpoint.with_optimizer}).result()
+                self.submit(h, "load_state", CheckpointPayload(checkpoint.path, checkpoint.with_optimizer)).result()
                 restored[h.name] = checkpoint
-        samplers = {h.name: h.sampler for h in inputs["handles"] if h.is_snapshot}  # "trainer@name" -> sampler
+        samplers = {h.name: h.sampler for h in inputs.handles if h.is_snapshot}  # "trainer@name" -> sampler
         for h in models:
-            for name in inputs["synced"].get(h.state_id, ()):
+            for name in inputs.synced.get(h.state_id, ()):
                 sampler = samplers.get(f"{h.name}@{name}", "hf")
-                self.submit(h, "sync_weights", {"name": name, "sampler": sampler}).result()
+                self.submit(h, "sync_weights", SyncPayload(name, sampler)).result()
         return restored

@@ -2,15 +2,19 @@
 
 Every handle looks like a Ray actor handle: `handle.method.remote(*args)` returns a reference.
 A reference is a `concurrent.futures.Future` (the local and process engines, engines/hosting.py),
-a `Done` (a call already run on the caller's thread) or a Ray object reference (the Ray engine). These helpers treat both alike and import Ray only
-when they meet a Ray reference, so the local and process engines run where Ray is not installed.
+a `Done` (a call already run on the caller's thread) or a Ray object reference (the Ray engine).
+These helpers treat both alike and import Ray only when they meet a Ray reference, so the local
+and process engines run where Ray is not installed. A typed call names the hosted class's
+function (`call(handle, Control.admit, ...)`), never a method's name as a string.
 """
 
 from __future__ import annotations
 
 import sys
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
+
+from plexrl.api import errors
 
 
 class WorkerGone(RuntimeError):
@@ -32,6 +36,36 @@ class Done:
 
     def add_done_callback(self, fn) -> None:
         fn(self)
+
+
+def call(handle: Any, method: Callable, *args) -> Any:
+    """A call of `method` (a function of the hosted class, e.g. `Control.admit`) on `handle`,
+    whatever hosts it: its reference. Every host names a piece's methods as its class does
+    (hosting.py's handles, Ray's actor handles), so the typed function picks the handle's."""
+    return getattr(handle, method.__name__).remote(*args)
+
+
+def unwrapped(call: Callable[[], Any]) -> Any:
+    """The value of a call to a piece; its PlexRL error raised as it is (not wrapped by the transport)."""
+    try:
+        return call()
+    except errors.PlexRLError:
+        raise
+    except Exception as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, BaseException):
+            raise cause from None
+        raise
+
+
+def user_error(exc: BaseException) -> BaseException:
+    """The PlexRL error inside a transport's error; an unreachable node reads as a retriable WorkerFailed."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return cause
+    if is_gone(exc):
+        return errors.WorkerFailed(f"the node runtime holding this model is unreachable: {exc}")
+    return exc
 
 
 def get(ref: Any, timeout: float | None = None) -> Any:

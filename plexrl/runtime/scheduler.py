@@ -57,7 +57,7 @@ class Request:
     job: str
     state_id: str
     fn: str
-    payload: dict[str, Any]
+    payload: Any  # the function's payload type (runtime/payloads.py)
     future: APIFuture
     arrival_s: float
     seq: int = 0
@@ -78,9 +78,9 @@ class Request:
         (then it runs alone, and fails there if its payload is bad)."""
         try:
             if self.fn == "sample":
-                return self.payload["num_samples"] * (len(self.payload["tokens"]) + self.payload["params"].max_tokens)
-            return len(self.payload["tokens"]) if self.fn == "compute_logprobs" else None
-        except (KeyError, TypeError, AttributeError):
+                return self.payload.positions()
+            return len(self.payload.tokens) if self.fn == "compute_logprobs" else None
+        except (TypeError, AttributeError, ValueError):
             return None
 
 
@@ -248,7 +248,7 @@ class GroupScheduler:
             if call.fn != "sample" or positions is None or (rows and used + positions > budget):
                 break
             used += positions
-            rows.append((call.payload["num_samples"], len(call.payload["tokens"]), call.payload["params"].max_tokens))
+            rows.append((call.payload.num_samples, len(call.payload.tokens), call.payload.params.max_tokens))
         positions = self.sm.states[head.state_id].module.config.max_position_embeddings
         length = slot_decode.cache_len(max(prompt + tokens for _, prompt, tokens in rows), positions)
         slots = slot_decode.slot_count(sum(n for n, _, _ in rows), length, budget)

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from plexrl.api import errors, validation
-from plexrl.api.types import LoraConfig, SampledSequence, SampleResponse, SamplingParams
+from plexrl.api.types import LoraConfig, SampledSequence, SampleResponse
+from plexrl.runtime.payloads import SamplePayload
 
 SERVED = ("sample", "compute_logprobs", "sample_batch")  # what a vLLM state runs on its engine
 PYTHON_VARIABLE = "PLEXRL_VLLM_PYTHON"
@@ -309,13 +310,14 @@ class VllmSamplers:
             engine.close()
         self.engines.clear()
 
-    def execute(self, fn: str, state, payload: dict) -> Any:
+    def execute(self, fn: str, state, payload: Any) -> Any:
+        """`fn` of BATCHED or `sample_batch` with its payload (runtime/payloads.py) on the engine."""
         engine = self._hold(state)
         if fn == "sample_batch":
-            return sample_batch(engine, state, payload["calls"])
+            return sample_batch(engine, state, payload.calls)
         if fn == "sample":
-            return sample(engine, state, **payload)
-        return compute_logprobs(engine, state, **payload)
+            return sample(engine, state, payload)
+        return compute_logprobs(engine, state, payload.tokens)
 
     def _engine(self, state) -> VllmEngine:
         with self._lock:
@@ -355,7 +357,7 @@ def layout(state) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(shape)) for name, shape in zip(names, state.shapes)]
 
 
-def sample_batch(engine: VllmEngine, state, calls: list[tuple[str, dict]]):
+def sample_batch(engine: VllmEngine, state, calls: list[tuple[str, Any]]):
     """A coalesced call (runtime/functions.py `sample_batch`) on the engine: every sample handed
     to it in one request (vLLM batches them continuously), each compute_logprobs on its own; a
     call whose input is bad fails alone. Its BatchReply has no decode figures (`stats` None):
@@ -367,41 +369,40 @@ def sample_batch(engine: VllmEngine, state, calls: list[tuple[str, dict]]):
     for i, (fn, payload) in enumerate(calls):
         try:
             if fn == "sample":
-                requests.append(sample_request(engine, state, **payload))
+                requests.append(sample_request(engine, state, payload))
                 positions.append(i)
             else:
-                outcomes[i] = (compute_logprobs(engine, state, **payload), None)
+                outcomes[i] = (compute_logprobs(engine, state, payload.tokens), None)
         except Exception as exc:  # the caller's own error, delivered to it alone
             outcomes[i] = (None, exc)
     if requests:
         for i, out in zip(positions, engine.request("sample_batch", requests=requests)):
             outcomes[i] = (sample_response(out), None)
-    tokens = [len(payload["tokens"]) + (sum(len(s.tokens) for s in value.sequences) if fn == "sample" else 0)
+    tokens = [len(payload.tokens) + (sum(len(s.tokens) for s in value.sequences) if fn == "sample" else 0)
               if error is None else 0 for (fn, payload), (value, error) in zip(calls, outcomes)]
     return BatchReply(outcomes, tokens, None)
 
 
-def sample(engine: VllmEngine, state, tokens, num_samples: int, params: SamplingParams, seed: int,
-           stop_ids, include_prompt_logprobs: bool) -> SampleResponse:
+def sample(engine: VllmEngine, state, payload: SamplePayload) -> SampleResponse:
     """execution.sample's contract, on the engine (see vllm_engine.py for where they differ)."""
-    request = sample_request(engine, state, tokens, num_samples, params, seed, stop_ids, include_prompt_logprobs)
-    return sample_response(engine.request("sample", **request))
+    return sample_response(engine.request("sample", **sample_request(engine, state, payload)))
 
 
-def sample_request(engine: VllmEngine, state, tokens, num_samples: int, params: SamplingParams, seed: int,
-                   stop_ids, include_prompt_logprobs: bool) -> dict:
+def sample_request(engine: VllmEngine, state, payload: SamplePayload) -> dict:
     """A checked sample call as the engine's `sample` arguments."""
-    config = state.module.config
-    validation.check_sample_request(tokens, num_samples, params, config.vocab_size, config.max_position_embeddings)
+    config, params = state.module.config, payload.params
+    validation.check_sample_request(payload.tokens, payload.num_samples, params, config.vocab_size,
+                                    config.max_position_embeddings)
     stop = () if params.stop is None else ((params.stop,) if isinstance(params.stop, str) else tuple(params.stop))
     strings = [s for s in stop if isinstance(s, str)]
-    stop_ids = [int(t) for t in stop_ids] + [int(t) for t in stop if not isinstance(t, str)]
+    stop_ids = [int(t) for t in payload.stop_ids] + [int(t) for t in stop if not isinstance(t, str)]
     if strings and not engine.info.get("tokenizer"):
         raise errors.InvalidInput(f"stop strings need the model's tokenizer, and {state.source!r} has none; "
                                   "give stop token ids instead")
-    return dict(prompt=[int(t) for t in tokens], n=int(num_samples), temperature=float(params.temperature),
-                top_k=int(params.top_k), top_p=float(params.top_p), max_tokens=int(params.max_tokens), seed=int(seed),
-                stop_token_ids=stop_ids, stop_strings=strings, prompt_logprobs=bool(include_prompt_logprobs))
+    return dict(prompt=[int(t) for t in payload.tokens], n=int(payload.num_samples),
+                temperature=float(params.temperature), top_k=int(params.top_k), top_p=float(params.top_p),
+                max_tokens=int(params.max_tokens), seed=int(payload.seed), stop_token_ids=stop_ids,
+                stop_strings=strings, prompt_logprobs=bool(payload.include_prompt_logprobs))
 
 
 def sample_response(out: dict) -> SampleResponse:
