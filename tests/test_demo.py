@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from plexrl.policy import ModelMemory, profile_from_events
-from plexrl.policy.placement import pooled_inflation
+from plexrl.policy.placement.cotenancy import pooled_inflation
 from plexrl.rl.demo import (MUX_DEVICES, Progress, demo_jobs, exclusive_schedule, mux_floor, predicted_from_alone,
                              repeated)
 from plexrl.runtime.config import ClusterConfig

@@ -45,7 +45,7 @@ from plexrl import engines
 from plexrl.observe.web import add_metrics_port, watched
 from plexrl.models.tiny import parameter_count
 from plexrl.policy import Forecast, ModelMemory, profile_from_events, waited_s
-from plexrl.policy.placement import pooled_inflation
+from plexrl.policy.placement.cotenancy import pooled_inflation
 from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.threads import usable_cpus
 from plexrl.rl import demo_plots
