@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from plexrl.policy import ModelMemory, profile_from_events
-from plexrl.policy.placement import pooled_inflation
+from plexrl.policy.placement.cotenancy import pooled_inflation
 from plexrl.rl.demo_experiment import MUX_DEVICES, demo_jobs
 from plexrl.rl.demo_figures import exclusive_schedule, mux_floor, predicted_from_alone, repeated
 from plexrl.rl.demo_view import Progress

@@ -12,7 +12,8 @@ import pytest
 from plexrl.bench import placement as bench
 from plexrl.policy.admission import AdmissionQueue
 from plexrl.policy.horizon import Horizon
-from plexrl.policy.placement import FirstFit, Placement, Placer, Wait, step_inflation
+from plexrl.policy.placement import FirstFit, Placement, Placer, Wait
+from plexrl.policy.placement.cotenancy import step_inflation
 from plexrl.policy.profile import JobProfile, ModelMemory, average_demand
 from plexrl.policy.resources import Node, NodeGroup, ResourceView
 
@@ -241,20 +242,19 @@ def test_a_group_ruled_out_of_scoring_zero_scores_above_zero_at_every_shift(name
         if not groups:
             continue
         placer.horizon.advance(float(now))
-        shifts = placer._shift_slots(profile)
-        share = placer._shifted_share(profile, float(now), shifts)
-        placer._units = view.units_per_node(profile)
+        shifts = placer.search.shift_slots(profile)
+        share = placer.search.shifted_share(profile, float(now), shifts)
+        units = view.units_per_node(profile)
         cool = placer.horizon.load.max(axis=1) + share.max() <= 1.0 + 1e-9
-        may_zero = placer._may_score_zero(groups, share, profile, cool)
-        bounds = placer._lower_bounds(groups, share, profile, cool)
+        may_zero = placer.search.probes.may_score_zero(groups, share, profile, cool)
+        bounds = placer.search.probes.lower_bounds(groups, share, profile, cool)
         for g, maybe, bound in zip(groups, may_zero, bounds):
             lo, hi = view.group_rows[g]
             hot = placer.horizon.load[lo:hi] + share.max() > 1.0 + 1e-9
-            scores = placer._group_scores(g, placer._device_costs(lo, share, hot), profile)
+            scores = placer.search.group_scores(g, placer.search.device_costs(lo, share, hot), profile, units)
             if not maybe or bound > 0.0:
                 assert scores.min() > 0.0
                 checked += 1
-        placer._units = None
         placer.place(profile, float(now))
     assert checked > 0, "the cases must rule some group out"
 
@@ -448,7 +448,7 @@ def test_a_move_that_lets_nobody_start_changes_nothing():
     assert placer.overload_s() == untouched.placer.overload_s()
     probe = job("probe", SQUARE)
     assert placer.decide(probe, 3.0) == untouched.placer.decide(probe, 3.0)
-    assert placer._room_refused == (placer._releases, {("a", "too-big")})
+    assert placer.moves.room_refused == (placer.tenancy.releases, {("a", "too-big")})
 
 
 def test_a_job_sharing_its_devices_is_not_moved():

@@ -11,8 +11,8 @@ import pytest
 
 from hypothesis import given, settings, strategies as st
 
-from plexrl.policy import placement
-from plexrl.policy.placement import Placement, Placer, Wait, pooled_inflation, wait_inflation, wait_s
+from plexrl.policy.placement import Placement, Placer, Wait, cotenancy
+from plexrl.policy.placement.cotenancy import pooled_inflation, wait_inflation, wait_s
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.policy.resources import ResourceView
 
@@ -117,9 +117,9 @@ def call_profiles(draw, name: str) -> JobProfile:
 def test_least_wait_bounds_every_wait_the_model_can_give(newcomer, tenant, inflation):
     """`_least_wait`, which the refusal without a search rests on, is no more than the wait of
     the first-order model nor of the queued-ahead one at any tenant inflation."""
-    least = placement._least_wait(newcomer, tenant)
+    least = cotenancy.least_wait(newcomer, tenant)
     assert least <= wait_s(newcomer, tenant) + 1e-9
-    queued = placement._queued_ahead(tenant, inflation)
+    queued = cotenancy._queued_ahead(tenant, inflation)
     assert least <= wait_s(newcomer, tenant, 1 / (1 + inflation), queued) + 1e-9
 
 
@@ -149,7 +149,7 @@ def test_a_memo_kept_across_calls_answers_as_a_fresh_one(profiles, seed):
 
 
 def test_a_memo_kept_across_calls_is_emptied_when_full(monkeypatch):
-    monkeypatch.setattr(placement, "_MEMO_ENTRIES", 3)
+    monkeypatch.setattr(cotenancy, "_MEMO_ENTRIES", 3)
     a, b, c = job("a", BUSY, 4, 1.0), job("b", HALF, 3, 1.0), job("c", SHORT, 2, 0.5)
     memo: dict = {}
     expected = wait_inflation(a, [(b, 1.0), (c, 1.0)])

@@ -1,7 +1,7 @@
 """The placer's fast paths against plain references: twin rows costed once
-(`_device_costs` vs `_row_costs` on every row), row reductions over occupied rows only and
+(`device_costs` vs `row_costs` on every row), row reductions over occupied rows only and
 probes over warm rows only (vs reducing and probing every row), the horizon's per-row index
-(`names_on` vs filtering every job), and the refusal without a search (`_refused_everywhere`:
+(`names_on` vs filtering every job), and the refusal without a search (`refused_everywhere`:
 whenever it answers Wait, the full search refuses too, and every decision equals that of a
 placer without it)."""
 
@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from plexrl.bench.placement import random_profile
-from plexrl.policy import placement
 from plexrl.policy.horizon import Horizon
-from plexrl.policy.placement import Placement, Placer, Wait
+from plexrl.policy.placement import Placement, Placer, Wait, search
+from plexrl.policy.placement.probes import ProbeBounds, _fits_on_probes
+from plexrl.policy.placement.refusal import RefusalBound
+from plexrl.policy.placement.search import DeviceSearch
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.policy.resources import Node, NodeGroup, ResourceView
 
@@ -35,11 +37,17 @@ def job(name: str, demand, barriers: int = 4, residual_s: float = 0.1, slack: fl
                       (ModelMemory("m", GiB, GiB),), slack, barriers=barriers, residual_s=residual_s, **rollouts)
 
 
-class SearchAlways(Placer):
-    """The reference: every decision goes through the search and `_judge`."""
-
-    def _refused_everywhere(self, profile, groups):
+class NeverRefuses(RefusalBound):
+    def refused_everywhere(self, profile, groups):
         return None
+
+
+class SearchAlways(Placer):
+    """The reference: every decision goes through the search and the judgement."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.refusal = NeverRefuses(self.judgement)
 
 
 # -- twin rows are costed once ---------------------------------------------------------------
@@ -55,8 +63,8 @@ def test_twin_rows_cost_what_every_row_costs(seed):
         placer.horizon.add(f"j{i}", rows, job(f"j{i}", demand, devices=len(rows)), float(rng.integers(0, 5)))
     share = rng.random((7, 32)) * 0.6
     hot = placer.horizon.load + share.max() > 1.0
-    fast = placer._device_costs(0, share, hot)
-    assert np.array_equal(fast, placer._row_costs(0, share, hot))  # bit for bit
+    fast = placer.search.device_costs(0, share, hot)
+    assert np.array_equal(fast, placer.search.row_costs(0, share, hot))  # bit for bit
 
 
 # -- occupied rows and warm rows ---------------------------------------------------------------
@@ -106,24 +114,24 @@ def busy_placer(seed: int, steps: int = 40):
         profile = random_profile(rng, f"j{i}", devices, int(rng.integers(8, 65)), slack=np.inf)
         profile = replace(profile, demand=tuple(np.asarray(profile.demand) * rng.uniform(0.3, 1.0)))
         placer.horizon.advance(now)
-        shifts = placer._shift_slots(profile)
-        yield placer, profile, placer._shifted_share(profile, now, shifts)
+        shifts = placer.search.shift_slots(profile)
+        yield placer, profile, placer.search.shifted_share(profile, now, shifts)
         placer.place(profile, now)
 
 
 @pytest.mark.parametrize("max_runs", [0, 16])  # gathered, and slice by slice
 @pytest.mark.parametrize("seed", range(4))
 def test_row_reductions_over_occupied_rows_equal_those_over_every_row(seed, max_runs, monkeypatch):
-    monkeypatch.setattr(placement, "_MAX_RUNS", max_runs)
+    monkeypatch.setattr(search, "_MAX_RUNS", max_runs)
     for placer, _, _ in busy_placer(seed):
-        sums, maxima = placer._row_sums_and_maxima()
+        sums, maxima = placer.search.row_sums_and_maxima()
         load = placer.horizon.load
         assert np.array_equal(sums, load.sum(axis=1)) and np.array_equal(maxima, load.max(axis=1))  # bit for bit
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_probes_of_warm_rows_prune_what_probes_of_every_row_pruned(seed):
-    """`_lower_bounds` bit for bit; `_may_score_zero`, whose probes are a superset, rules out
+    """`lower_bounds` bit for bit; `may_score_zero`, whose probes are a superset, rules out
     at least the groups it ruled out with the even ones alone."""
     cool_seen = warm_seen = 0
     for placer, profile, share in busy_placer(seed):
@@ -133,9 +141,9 @@ def test_probes_of_warm_rows_prune_what_probes_of_every_row_pruned(seed):
         for some in (groups, groups[1:2], groups[::-2]):
             if not some:
                 continue
-            may = placer._may_score_zero(some, share, profile, cool)
+            may = placer.search.probes.may_score_zero(some, share, profile, cool)
             assert not (may & ~reference_may_score_zero(placer, some, share, profile)).any()  # prunes all it did
-            assert np.array_equal(placer._lower_bounds(some, share, profile, cool),
+            assert np.array_equal(placer.search.probes.lower_bounds(some, share, profile, cool),
                                   reference_lower_bounds(placer, some, share, profile))
     assert cool_seen and warm_seen
 
@@ -191,28 +199,38 @@ def test_fits_on_probes_equals_testing_every_probe(probes, passing):
     room = np.where(rng.random((30, probes)) < passing ** (1 / 4), np.inf, rng.random((30, probes)) * 0.5)
     room[rng.random(room.shape) < 0.1] = share.max()  # ties pass
     expected = ~(share[:, None, :] > room[None]).any(axis=2)
-    assert np.array_equal(placement._fits_on_probes(share, room), expected)
+    assert np.array_equal(_fits_on_probes(share, room), expected)
 
 
-class EvenProbes(Placer):
-    """The reference for `_evenly_and_scattered`: `_may_score_zero` on every row, evenly spread probes."""
+class EvenProbeBounds(ProbeBounds):
+    """The reference for `_evenly_and_scattered`: `may_score_zero` on every row, evenly spread probes."""
 
-    scored = 0
-
-    def _may_score_zero(self, groups, share, profile, cool_rows):
+    def may_score_zero(self, groups, share, profile, cool_rows):
         return reference_may_score_zero(self, groups, share, profile) if groups else np.zeros(0, dtype=bool)
 
-    def _device_costs(self, first_row, share, hot):
+
+class CountedSearch(DeviceSearch):
+    scored = 0
+
+    def device_costs(self, first_row, share, hot):
         self.scored += 1
-        return super()._device_costs(first_row, share, hot)
+        return super().device_costs(first_row, share, hot)
 
 
 class Counted(Placer):
-    scored = 0
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.search = CountedSearch(self.tenancy, self.max_shifts)
 
-    def _device_costs(self, first_row, share, hot):
-        self.scored += 1
-        return super()._device_costs(first_row, share, hot)
+    @property
+    def scored(self):
+        return self.search.scored
+
+
+class EvenProbes(Counted):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.search.probes = EvenProbeBounds(self.view, self.horizon)
 
 
 def test_scattered_probes_give_the_decisions_of_even_ones_scoring_fewer_groups():
@@ -240,8 +258,8 @@ def test_shifted_share_equals_windows_of_the_projection(seed):
     seen = 0
     for placer, profile, _ in busy_placer(seed, steps=12):
         for now in (placer.horizon.origin * 1.0, placer.horizon.origin + 0.37):
-            shifts = placer._shift_slots(profile)
-            got = placer._shifted_share(profile, now, shifts)
+            shifts = placer.search.shift_slots(profile)
+            got = placer.search.shifted_share(profile, now, shifts)
             assert np.array_equal(got, reference_shifted_share(placer, profile, now, shifts))
             seen += len(shifts) > 1 and placer.horizon.origin % placer.horizon.slots > 0
     assert seen  # several shifts, on a ring turned from its start
@@ -305,7 +323,7 @@ def test_refusal_table(name):
     for p in placed:
         assert isinstance(placer.place(p, 0.0), Placement)
     placer.horizon.advance(0.0)
-    early = placer._refused_everywhere(newcomer, cluster.feasible_groups(newcomer))
+    early = placer.refusal.refused_everywhere(newcomer, cluster.feasible_groups(newcomer))
     if expected == "search":
         assert early is None
     else:
@@ -348,7 +366,7 @@ def replay(seed: int, *placers: Placer) -> tuple[list[list], int]:
         first = placers[0]
         first.horizon.advance(now)
         groups = first.view.feasible_groups(profile)
-        shortcut += len(groups) > 0 and first._refused_everywhere(profile, groups) is not None
+        shortcut += len(groups) > 0 and first.refusal.refused_everywhere(profile, groups) is not None
         for p, got in zip(placers, answers):
             got.append(p.place(profile, now))
         if isinstance(got[-1], Placement):
@@ -371,11 +389,16 @@ def test_decisions_equal_those_of_always_searching(seed):
 
 
 class Uncached(Placer):
-    """The reference for `_cotenants`: a placed job's co-tenants recomputed at every question."""
+    """The reference for `Judgement.cotenants`: a placed job's co-tenants recomputed at every question."""
 
-    def _cotenants(self, job):
-        self._cotenancy.clear()
-        return super()._cotenants(job)
+    def __init__(self, *args):
+        super().__init__(*args)
+        cotenants = self.judgement.cotenants
+
+        def recomputed(job):
+            self.tenancy.derived.cotenants.clear()
+            return cotenants(job)
+        self.judgement.cotenants = recomputed
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -188,10 +188,10 @@ def test_the_placer_is_told_each_jobs_measured_inflation(tiny_model):
             time.sleep(0.3)  # each step takes >= 0.3 s: >= 50% longer than its profile says
             c.report_step("slow", step)
             if step < MEASURED_STEPS - 1:
-                assert "slow" not in placer._measured, f"measured after {step + 1} steps, before {MEASURED_STEPS}"
+                assert "slow" not in placer.tenancy.measured, f"measured after {step + 1} steps, before {MEASURED_STEPS}"
         measured = c.metrics()["placement"]["slow"]["measured_inflation"]
         assert measured is not None and measured >= 0.5, f"measured inflation {measured}; each step took >= 1.5 periods"
-        assert placer._measured["slow"] == measured
+        assert placer.tenancy.measured["slow"] == measured
 
 
 def test_the_pack_limit_reaches_the_placer():

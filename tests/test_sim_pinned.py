@@ -5,7 +5,7 @@ The pinned tuples are (events, sum of step times, sum of charges, switch GPU-s, 
 each sum taken in record order, compared with `==` (floats printed with `repr`, which
 round-trips exactly). A deliberate change of behaviour (a new policy, a new latency model)
 updates them in the same commit and says why; a speed-up never does.
-Updated for issue 11: the placer's co-tenancy model (`placement.wait_inflation`) and the closed
+Updated for issue 11: the placer's co-tenancy model (`placement.cotenancy.wait_inflation`) and the closed
 loop (`Placer.observe`) change which jobs share GPUs and when they are admitted; then
 `wait_inflation` counting a co-tenant whole on any shared device (a barrier waits for its
 last call), which changes the placer's predictions and so the PlexRL modes' placements.
@@ -18,7 +18,7 @@ shares no rollout out and is unchanged), and `plexrl-pinned` reproduces the prev
 figures exactly. Then loads and offloads copy what they would: a sampler's load its weights, not
 its KV reserve, and an offload of a read-only state (a sampler, a reference model) nothing: every
 mode that switches changed, the baselines too. Then the co-tenancy model knows elastic
-rollouts (`placement.wait_s`: a rollout turn shares a co-tenant's rollout's replicas instead of
+rollouts (`placement.cotenancy.wait_s`: a rollout turn shares a co-tenant's rollout's replicas instead of
 waiting for it): it predicts less for the jobs of modes whose rollouts are elastic, so they
 share GPUs more; `plexrl-pinned` and `plexrl-wholetail` (no elastic rollouts) are unchanged.
 Then moves at step boundaries within a node group (a job alone on its GPUs moves into a share

@@ -11,7 +11,8 @@ from plexrl.policy.decode import DecodeEstimator, DecodeModel
 from plexrl.policy.estimates import BandwidthEstimator, ExecEstimator, Ewma
 from plexrl.policy.group_queue import GroupQueue, Head
 from plexrl.policy.horizon import Horizon
-from plexrl.policy.placement import FirstFit, Placement, Placer, Wait, step_inflation
+from plexrl.policy.placement import FirstFit, Placement, Placer, Wait
+from plexrl.policy.placement.cotenancy import step_inflation
 from plexrl.policy.priority import Policy, ReadyQueue, StepClock, choose, offload_estimate, priorities
 from plexrl.policy.profile import (
     JobProfile,

@@ -75,19 +75,19 @@ class JobProfile:
     models: tuple[ModelMemory, ...]
     slack: float = DEFAULT_SLACK
     replica_devices: int = 1  # devices that must share a node (one tensor-parallel model replica)
-    # Its calls, for the co-tenancy model (`placement.wait_inflation`); 0 = not known.
+    # Its calls, for the co-tenancy model (`placement/cotenancy.py: wait_inflation`); 0 = not known.
     barriers: int = 0  # phases per step: call groups that must all end before the step moves on
     residual_s: float = 0.0  # per device: sum of its calls' seconds^2 / (2 * period_s)
     # Its elastic rollouts (the simulator's, `sim/rollout.py`), 0 = none known: of `barriers`, the
     # rollout turns, which share a co-tenant's rollouts' replicas instead of waiting for them;
     # of `residual_s`, the part from its rollout segments (what a co-tenant's rollout does not
     # wait for); and the seconds per step its rollouts want all its replicas (before their
-    # consolidation cut), in which a co-tenant's rollout shares them (`placement.wait_s`).
+    # consolidation cut), in which a co-tenant's rollout shares them (`placement/cotenancy.py: wait_s`).
     rollout_barriers: int = 0
     rollout_residual_s: float = 0.0
     rollout_s: float = 0.0
     # Its run has a known end (it declared its steps): placement may judge it by less than its
-    # slack ("Packing when it pays", placement.py). False: open-ended (a service session).
+    # slack ("Packing when it pays", placement/judgement.py). False: open-ended (a service session).
     ends: bool = False
 
     def __post_init__(self) -> None:
@@ -205,14 +205,7 @@ def profile_from_events(
     bounds = alone(raw_bounds)
     moved = alone(np.asarray([(a, b) for a, b, _, _ in spans], dtype=float).reshape(-1, 2))
     intervals = [(a, b, d) for (a, b), (_, _, d, _) in zip(moved.tolist(), spans)]
-    # a step that took no time (two marks at one moment, or nothing but waits, cut out above)
-    # has no shape to stretch onto the period: it is left out
-    timed = np.diff(bounds) > 0
-    if not timed.any():
-        raise ValueError(f"job {job!r}: profiling needs a step that took time; its {len(timed)} complete "
-                         f"step(s) took none (their 'step' records at one moment, or nothing but waits "
-                         f"for devices between them)")
-    starts, ends_s = bounds[:-1][timed], bounds[1:][timed]
+    starts, ends_s = _timed_steps(job, bounds)
     n_steps = len(starts)
     period = float(np.median(ends_s - starts))
     slots = max(1, round(period / slot_s))
@@ -228,6 +221,18 @@ def profile_from_events(
     return JobProfile(job, period, tuple(demand), n_devices, tuple(models), slack,
                       barriers=max(1, round(_phases(within) / n_steps)) if within else 0,
                       residual_s=squares / n_steps / (2 * period) / n_devices, ends=ends)
+
+
+def _timed_steps(job: str, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the steps between `bounds` that took time. A step that took none (two
+    marks at one moment, or nothing but waits, cut out) has no shape to stretch onto the
+    period: it is left out; a job with none is an error."""
+    timed = np.diff(bounds) > 0
+    if not timed.any():
+        raise ValueError(f"job {job!r}: profiling needs a step that took time; its {len(timed)} complete "
+                         f"step(s) took none (their 'step' records at one moment, or nothing but waits "
+                         f"for devices between them)")
+    return bounds[:-1][timed], bounds[1:][timed]
 
 
 def _job_records(events: Iterable[Mapping], job: str) -> list[Mapping]:

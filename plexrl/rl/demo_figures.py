@@ -16,7 +16,7 @@ import statistics
 from typing import Mapping
 
 from plexrl.policy import Forecast, ModelMemory, profile_from_events, waited_s
-from plexrl.policy.placement import pooled_inflation
+from plexrl.policy.placement.cotenancy import pooled_inflation
 from plexrl.rl.demo_experiment import MUX_DEVICES, DemoRuns, ExclusiveRun, MuxRun
 from plexrl.rl.demo_result import (DemoSummary, DeviceFigures, JobFigures, PairRun, PlacerFigures, RunSettings,
                                    ScheduleFigures, ScheduleRow)

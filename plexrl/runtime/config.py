@@ -61,7 +61,7 @@ class ClusterConfig:
     # engine, whose devices are threads of one interpreter (two of them compute no faster than one).
     read_replicas: bool | None = None
     # The largest slack the placer judges a job by when it shares devices with jobs that end, and
-    # ends itself (it declared its steps: `service_client(steps=...)`; policy/placement.py, "Packing
+    # ends itself (it declared its steps: `service_client(steps=...)`; policy/placement/judgement.py, "Packing
     # when it pays"). Open-ended jobs (service sessions) are judged by their own slack. None: every job.
     pack_limit: float | None = PACKING_PAYS
 

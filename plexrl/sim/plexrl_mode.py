@@ -28,7 +28,7 @@ the replicas move between the group's rollouts as they come and go (`plexrl-pinn
 once to every replica, as the baselines do). A job's profile for the placer says which of its
 calls are elastic rollouts (`profiles.call_moments`; not in `plexrl-pinned` nor
 `plexrl-wholetail`), so the co-tenancy model lets its turns share a co-tenant's rollouts'
-replicas instead of waiting for them (`placement.wait_s`; `plexrl bench cotenancy`).
+replicas instead of waiting for them (`placement.cotenancy.wait_s`; `plexrl bench cotenancy`).
 """
 
 from __future__ import annotations
