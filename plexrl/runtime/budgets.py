@@ -20,6 +20,7 @@ import torch
 from plexrl.api import errors
 from plexrl.runtime.arena import DeviceArena
 from plexrl.runtime.state import FLOAT_BYTES, ModelState
+from plexrl.runtime.state_table import StateTable
 
 
 @dataclass(frozen=True)
@@ -47,33 +48,37 @@ class BesideStates:
 
 
 class NodeBudgets:
-    def __init__(self, states: dict[str, ModelState], arenas: dict[int, DeviceArena], host_capacity: int):
+    def __init__(self, states: StateTable, arenas: dict[int, DeviceArena], host_capacity: int):
         """`states`: the StateManager's table (read only); `arenas`: the devices' budgets."""
         self._states = states
         self._arenas = arenas
         self.host_capacity = host_capacity
-        self.reserves: dict[str, int] = {}  # base model folder -> its activation reserve (the node measures it)
-        self.engine_shares: dict[str, int] = {}  # base model folder -> its vLLM engine's share of a device
+        self._reserves: dict[str, int] = {}  # base model folder -> its activation reserve (the node measures it)
+        self._engine_shares: dict[str, int] = {}  # base model folder -> its vLLM engine's share of a device
 
     def set_needs(self, source: str, reserve: int, engine_share: int) -> bool:
         """A base model's activation reserve and vLLM engine share; whether its reserve is new."""
-        known = self.reserves.get(source)
-        self.reserves[source] = reserve
-        self.engine_shares[source] = engine_share
+        known = self._reserves.get(source)
+        self._reserves[source] = reserve
+        self._engine_shares[source] = engine_share
         return known is None
+
+    def reserves(self) -> dict[str, int]:
+        """Each base model folder's activation reserve (a copy)."""
+        return dict(self._reserves)
 
     def needs_of(self, state: ModelState) -> tuple[int, int]:
         """(its model's activation reserve, its vLLM engine's share: 0 unless it samples on vLLM)."""
-        return (self.reserves.get(state.source, 0),
-                self.engine_shares.get(state.source, 0) if state.sampler == "vllm" else 0)
+        return (self._reserves.get(state.source, 0),
+                self._engine_shares.get(state.source, 0) if state.sampler == "vllm" else 0)
 
     def beside(self, adding: ModelState | None = None) -> BesideStates:
         """What every device keeps beside the node's states (and `adding`'s): see the module docstring."""
         states = [*self._states.values(), *([adding] if adding is not None else [])]
         sources = {s.source for s in states}
-        largest = max(sorted(sources), key=lambda src: self.reserves.get(src, 0), default=None)
-        engines = sum(self.engine_shares.get(src, 0) for src in {s.source for s in states if s.sampler == "vllm"})
-        return BesideStates(self.reserves.get(largest, 0), largest, engines, self.shared_bytes(adding))
+        largest = max(sorted(sources), key=lambda src: self._reserves.get(src, 0), default=None)
+        engines = sum(self._engine_shares.get(src, 0) for src in {s.source for s in states if s.sampler == "vllm"})
+        return BesideStates(self._reserves.get(largest, 0), largest, engines, self.shared_bytes(adding))
 
     def budget(self) -> int:
         return min(a.budget_bytes for a in self._arenas.values())
@@ -101,6 +106,10 @@ class NodeBudgets:
                 f"already here needs {largest.device_bytes:,} device bytes{beside.parts()} = "
                 f"{largest.device_bytes + beside.total:,} > the device budget of {budget:,} bytes once it is added; "
                 f"expected device_memory_bytes >= {largest.device_bytes + beside.total:,}")
+
+    def free_bytes(self, device: int) -> int:
+        """What `device`'s arena has free now."""
+        return self._arenas[device].capacity_bytes - self._states.resident_bytes(device)
 
     def stale_arenas(self) -> list[int]:
         """The devices whose arena is not at the size `arena_bytes` gives it now."""

@@ -88,7 +88,7 @@ class Node:
         self.workers = config.workers  # device index -> DeviceWorker handle
         import transformers.models.auto.modeling_auto  # noqa: F401  (see DeviceWorker.__init__)
         self.telemetry = Telemetry(EventLog(config.event_log, config.events_kept), epoch=config.epoch)
-        arenas = {d: DeviceArena(d, config.device_memory_bytes) for d in config.devices}  # budgets only: never allocated here
+        arenas = {d: DeviceArena(d, config.device_memory_bytes) for d in config.devices}  # budgets only, never allocated
         sweep_stale()  # what dead drivers left on this machine
         self.buffers = SharedHostBuffers(config.shm_folder)
         writeback = self.buffers.flags(max(config.devices) + 1)  # set while a worker writes a host copy back
@@ -167,7 +167,7 @@ class Node:
         with self.lock:
             out["residency"] = self.sm.states.residency()
             out["device_budget"] = {d: self.sm.budgets.split(d) for d in self.sm.arenas}
-            out["activation_reserves"] = dict(self.sm.budgets.reserves)
+            out["activation_reserves"] = self.sm.budgets.reserves()
         return out
 
     def events(self, job: str | None = None, since: float | None = None) -> list[dict]:

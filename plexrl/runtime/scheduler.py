@@ -269,7 +269,7 @@ class GroupScheduler:
             self._new_head(head)
         ready = self._queue.ready
         while len(ready):
-            free = self.sm.free_bytes(device)
+            free = self.sm.budgets.free_bytes(device)
             offload_s = offload_estimate(ready, free, self.telemetry.bytes_per_s("offload"))
             state_id = choose(self.policy, ready, device, offload_s, self.telemetry.now(), self._idle)
             if state_id is None:  # every ready request belongs to another idle device: wake it
@@ -306,7 +306,7 @@ class GroupScheduler:
         ready = self._queue.ready
         if not self._prefetch or not len(ready) or self._idle - {device}:
             return None
-        free = self.sm.free_bytes(device)
+        free = self.sm.budgets.free_bytes(device)
         offload_s = offload_estimate(ready, free, self.telemetry.bytes_per_s("offload"))
         state_id = choose(self.policy, ready, device, offload_s, self.telemetry.now(), self._idle)
         if state_id is None or self.sm.state(state_id).tier is not Tier.HOST:

@@ -12,10 +12,10 @@ LoRA states of that base. While a node holds any LoRA state of a base, that base
 taken off every device's budget and off the host budget, once (`NodeBudgets.shared_bytes`): the planner
 never hands those arena bytes out, so admission and switching stay honest.
 
-A device's budget (device_memory_bytes) is everything PlexRL may use on it. States get what is left
-(`BesideStates`, kept by `budgets`, budgets.py): budget - the activation reserve of the largest model the node hosts (measured per
-base model folder, runtime/activation.py: one function runs at a time per device) - the vLLM
-engines' shares (one engine per base model sampled on vLLM, on any device) - the shared LoRA bases.
+A device's budget (device_memory_bytes) is everything PlexRL may use on it. States get what is
+left (`BesideStates`, budgets.py): budget - the activation reserve of the largest model the node
+hosts (measured per base model folder, runtime/activation.py: one function runs at a time per
+device) - the vLLM engines' shares (one engine per base model sampled on vLLM, on any device) - the shared LoRA bases.
 That net figure is every device's capacity in the policy's view (`plan_load`), and the size the
 node gives its workers' arenas (`NodeBudgets.arena_bytes`; node_models.py resizes them when it changes, dropping
 device copies first), so the memory beside the arena really is free on CUDA.
@@ -142,10 +142,6 @@ class StateManager:
         dtype = state.autocast or state.dtype
         return self.budgets.beside().reserve_bytes // slot_decode.kv_bytes_per_position(state.module.config, dtype)
 
-    def free_bytes(self, device: int) -> int:
-        """What `device`'s arena has free now."""
-        return self.arenas[device].capacity_bytes - self.states.resident_bytes(device)
-
     # -- adding and removing states -------------------------------------------------------
     def add(self, state: ModelState, pending: Pending, initial: torch.Tensor | None = None,
             holding: frozenset[str] = frozenset()) -> None:
@@ -156,7 +152,8 @@ class StateManager:
         with self.lock:
             if state.state_id in self.states:
                 raise errors.InvalidInput(f"a model named {state.name!r} already exists in job {state.job!r}")
-            need = state.host_bytes + self.budgets.shared_bytes(state) - self.budgets.shared_bytes()  # a new base takes host room too
+            # a new base takes host room too
+            need = state.host_bytes + self.budgets.shared_bytes(state) - self.budgets.shared_bytes()
             room = plan_host_room(self.view(pending), need)
             while isinstance(room, NoFit) and any(s.busy and s.state_id not in holding for s in self.states.values()):
                 self.lock.wait(0.05)  # states in use now free their host buffers when released
