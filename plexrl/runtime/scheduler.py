@@ -3,8 +3,9 @@
 Each model state has a FIFO of requests (calls of one model run in submission order); only its
 head is *ready*. A free device's dispatcher asks `next_for(device)`; the policy picks among the
 ready heads, the StateManager plans and claims the transitions, and the node runs the step
-(step_runner.py). Requests for node functions (functions.Where.NODE: save/load state, weight sync) run
-on the node's I/O threads as soon as they reach the head of their FIFO, through the same step.
+(step_runner.py). Requests for node functions (functions.Where.NODE: save/load state, weight
+sync) run on the node's I/O threads as soon as they reach the head of their FIFO, through the
+same step.
 
 The scheduler and the node's StateManager share one lock (`lock`, a condition the node makes).
 
@@ -20,9 +21,10 @@ state's other calls wait in its FIFO for the next free replica or their turn. Su
 pure functions of the weights and their payload (a sample carries its seed), so the order they
 run in changes no result.
 
-Batched sampling (call_batching.py `coalesce`): when a device takes a `sample` or `compute_logprobs` head, the calls of those two kinds queued right behind it join its
-device call (`Request.batch`; the node runs them as `sample_batch`, functions.py), up to the KV
-positions the device's activation reserve holds (StateManager.decode_positions). Calls arriving
+Batched sampling (call_batching.py `coalesce`): when a device takes a `sample` or
+`compute_logprobs` head, the calls of those two kinds queued right behind it join its device call
+(`Request.batch`; the node runs them as `sample_batch`, functions.py), up to the KV positions the
+device's activation reserve holds (StateManager.decode_positions). Calls arriving
 while it runs join the next one. A sample head's E_i is the decode model's estimate of that batch
 (policy/decode.py, fitted to the state's batched calls: call_batching.py `decode_estimate`).
 
