@@ -1,5 +1,5 @@
 """A node coalesces a state's queued `sample` and `compute_logprobs` calls into one device call
-(runtime/scheduler.py `_coalesce`, node.py, functions.py `sample_batch`).
+(runtime/call_batching.py `coalesce`, step_runner.py, functions.py `sample_batch`).
 
 Checked: calls queued together run as one device call (one `batch` event) and each returns
 exactly what it returns alone; the call's device time is shared out by tokens and adds up to
@@ -26,13 +26,13 @@ TIMEOUT_S = 120
 def submit_held(cluster, submit):
     """Run `submit()` (which queues calls) with the node's device held, then let it run them."""
     node = cluster.nodes[0].target
-    with node.changed:
-        node.group.hold([0])
+    with node.lock:
+        node.scheduler.hold([0])
     try:
         return submit()
     finally:
-        with node.changed:
-            node.group.hold([0], held=False)
+        with node.lock:
+            node.scheduler.hold([0], held=False)
 
 
 def lazy_calls(sampler):

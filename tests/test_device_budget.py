@@ -91,7 +91,7 @@ def test_the_views_see_the_budget_less_the_reserve(tiny_model):
         trainer = c.service_client(job="a").create_training_client(tiny_model)
         assert trainer.state.activation_reserve_bytes == reserve
         node = node_of(c)
-        view = node.sm.view(node.group.pending)
+        view = node.sm.view(node.scheduler.pending)
         assert view.device_capacity == {0: budget - reserve, 1: budget - reserve}
         assert [w.target.arena.capacity_bytes for w in c.workers.values()] == [budget - reserve] * 2
         split = c.metrics()["device_budget"][0]
@@ -124,7 +124,7 @@ def test_a_reserve_set_by_hand_is_used_as_it_is(tiny_model):
         trainer = c.service_client(job="a").create_training_client(tiny_model)
         assert trainer.state.activation_reserve_bytes == by_hand != reserve_bytes(tiny_model)
         node = node_of(c)
-        assert node.sm.view(node.group.pending).device_capacity == {0: budget - by_hand}
+        assert node.sm.view(node.scheduler.pending).device_capacity == {0: budget - by_hand}
         assert [e["measured"] for e in c.events() if e["event"] == "activation_reserve"] == [False]
     with pytest.raises(errors.ConfigError, match="activation_reserve_bytes=-1; expected None"):
         plexrl.LocalCluster(devices=1, activation_reserve_bytes=-1)
@@ -148,10 +148,10 @@ def test_a_state_sampled_on_vllm_keeps_its_engines_share(tiny_model, monkeypatch
         service = c.service_client(job="a")
         plain = service.create_sampling_client(base_model=tiny_model)
         node = node_of(c)
-        assert node.sm.view(node.group.pending).device_capacity[0] == budget - reserve
+        assert node.sm.view(node.scheduler.pending).device_capacity[0] == budget - reserve
         on_vllm = service.create_sampling_client(base_model=tiny_model, name="rollouts", sampler="vllm")
         assert (on_vllm.state.engine_bytes, plain.state.engine_bytes) == (share, 0)
-        assert node.sm.view(node.group.pending).device_capacity == {0: budget - reserve - share,
+        assert node.sm.view(node.scheduler.pending).device_capacity == {0: budget - reserve - share,
                                                                     1: budget - reserve - share}
         assert c.metrics()["device_budget"][1]["engine_bytes"] == share
         assert [w.target.arena.capacity_bytes for w in c.workers.values()] == [budget - reserve - share] * 2
@@ -238,10 +238,10 @@ def test_a_plan_for_a_resident_state_is_the_one_the_full_view_gives(tiny_model):
         sampler.sample(plexrl.ModelInput.from_ints([5, 6]), 1,
                        plexrl.SamplingParams(max_tokens=2, seed=1)).result(TIMEOUT_S)
         node = node_of(c)
-        sm, pending = node.sm, node.group.pending
+        sm, pending = node.sm, node.scheduler.pending
         resident = {sid: s.device for sid, s in sm.states.items() if s.device is not None}
         assert resident, "the calls left states resident"
-        with node.changed:
+        with node.lock:
             for sid in sorted(sm.states):
                 for device in (0, 1):
                     expected = plan_load(sm.view(pending), sid, device)

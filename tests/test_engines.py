@@ -138,8 +138,8 @@ def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, t
     """Job B's snapshot is on device 0 when job A's long call is dispatched there: resident beside
     A's trainer, or evicted by A's load. B's next call goes to idle device 1 and runs at once.
     Resident: device 0's worker lets go of B's clean copy when A's call is done
-    (node._offload_elsewhere). Evicted: the node's view lets go of it as A's call is dispatched
-    (node._let_go_here), where it used to stay claimed until A's call ended. Either offload is
+    (StepRunner._offload_elsewhere). Evicted: the node's view lets go of it as A's call is dispatched
+    (StepRunner._let_go_here), where it used to stay claimed until A's call ended. Either offload is
     booked when device 0's worker answers. A's call holds device 0 until the test opens a gate,
     so B's call can only end first if it did not wait for A's. A cluster of its own: where the
     states of other tests lie would decide whether A's load evicts B."""
@@ -150,7 +150,7 @@ def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, t
     snapshot_room = 0 if evicted else trainer_bytes // 4 + 4096
     budget = trainer_bytes + snapshot_room + 4096 + reserve_bytes(tiny_model)
     with engines.open_cluster(cluster.engine, 2, device_memory_bytes=budget, host_memory_bytes=256 * MiB) as own:
-        group = own.nodes[0].target.group
+        group = own.nodes[0].target.scheduler
         prompt = plexrl.ModelInput.from_ints([5, 6, 7])
         sampler = own.service_client(job="resident-b").create_training_client(
             base_model=tiny_model, seed=0).save_weights_and_get_sampling_client()
@@ -165,7 +165,7 @@ def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, t
             return sum(lp.sum() for lp in logprobs), {}
 
         try:
-            with group._cond:
+            with group.lock:
                 group.hold([1])
             try:
                 sampler.compute_logprobs(prompt).result(TIMEOUT_S)
@@ -174,7 +174,7 @@ def test_a_state_on_a_busy_device_runs_on_an_idle_one_without_waiting(cluster, t
                 dispatched = lambda: any(e["event"] == "dispatch" for e in own.events("busy-a"))  # noqa: E731
                 assert wait_for(dispatched), "A's call was not dispatched to device 0"
             finally:
-                with group._cond:
+                with group.lock:
                     group.hold([1], held=False)
             expected = "host" if evicted else "device:0"
             assert wait_for(lambda: b_on() == expected), f"B's snapshot is on {b_on()} while A runs, not {expected}"

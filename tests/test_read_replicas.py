@@ -58,8 +58,8 @@ def test_a_snapshots_calls_spread_over_both_devices_with_the_results_of_one(tiny
                 continue
             assert set(ran) == {primary, f"{primary}#1"}, ran  # one replica on two devices
             assert set().union(*ran.values()) == {0, 1}
-            with node.changed:
-                view = node.sm.view(node.group.pending)
+            with node.lock:
+                view = node.sm.view(node.scheduler.pending)
             assert view.states[f"{primary}#1"].host_bytes == 0  # its host copy is its primary's
             assert view.host_used() == sum(s.host_bytes for s in node.sm.states.values() if not s.replica_of)
             assert f"{primary}#1" not in node.state_ids()  # the node's own, not a model of the job
@@ -179,7 +179,7 @@ def load_between_bursts(cluster, tiny_model, hold_replica: bool) -> tuple[list, 
     replica = node.sm.states.get(f"{sampler.state.state_id}#1")
     assert (replica is not None) is hold_replica
     if hold_replica:
-        with node.changed:
+        with node.lock:
             replica.busy = True
     before = [sampler.compute_logprobs(plexrl.ModelInput.from_ints([5, 6, 7, 8 + i])) for i in range(8)]
     loading = cluster.submit(sampler.state, "load_state", {"path": path, "with_optimizer": False})
@@ -187,9 +187,9 @@ def load_between_bursts(cluster, tiny_model, hold_replica: bool) -> tuple[list, 
     if hold_replica:
         time.sleep(0.5)  # the snapshot's own calls run meanwhile
         assert not loading.done(), "the load ran while a replica's call of before it waited"
-        with node.changed:
+        with node.lock:
             replica.busy = False
-            node.changed.notify_all()
+            node.lock.notify_all()
     loading.result(TIMEOUT_S)
     return [f.result(TIMEOUT_S) for f in before], [f.result(TIMEOUT_S) for f in after]
 

@@ -237,7 +237,7 @@ def test_budgets_hold_over_random_request_streams(micro_model, stream, policy, r
 def test_a_snapshot_superseded_while_in_use_is_removed_once_its_call_ends(micro_model):
     """A weight sync finds its sampler snapshot busy (a call of its own holds it), so it writes a
     new version and retires the old one; the old one goes once that call is done, and a call
-    naming it that arrives later runs on the new version (`Node._follow_superseded`). (A snapshot
+    naming it that arrives later runs on the new version (`WeightSync.follow_superseded`). (A snapshot
     another call's load evicts is not busy: its clean copy is let go as that call is dispatched,
     tests/test_engines.py.)"""
     with plexrl.LocalCluster(devices=1, prefetch=False) as c:
@@ -290,8 +290,8 @@ def test_a_job_past_its_slack_in_a_step_goes_first(micro_model, policy, slack_b,
             t.forward_backward([datum([5, 6, 7, 8])]).result(timeout=60)
         service_a.report_step(0)
         service_a.report_step(1)
-        group = c.nodes[0].target.group
-        with group._cond:
+        group = c.nodes[0].target.scheduler
+        with group.lock:
             group.hold([0])
         calls = [b.forward_backward([datum([5, 6, 7, 8])])]
         t0 = time.monotonic()
@@ -302,7 +302,7 @@ def test_a_job_past_its_slack_in_a_step_goes_first(micro_model, policy, slack_b,
         while len(group._queue.ready) < 2 and time.monotonic() - t0 < 30:
             time.sleep(0.01)
         assert len(group._queue.ready) == 2
-        with group._cond:
+        with group.lock:
             group.hold([0], held=False)
         for f in calls:
             f.result(timeout=60)

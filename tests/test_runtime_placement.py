@@ -354,7 +354,7 @@ def test_a_moved_job_migrates_and_the_waiting_job_starts_on_the_cluster(tiny_mod
         assert "wide" in admitted and placement["wide"]["group"] == left != placement["a"]["group"]
         assert placement["a"]["migrations"] == 1 and c.metrics()["migrations"] == 1
         # its next step counts its waits against its slack on the new group from the move on
-        assert c.nodes[placement["a"]["group"]].target.group._slack["a"].clock.started_s is not None
+        assert c.nodes[placement["a"]["group"]].target.scheduler._slack["a"].clock.started_s is not None
         loss = trainer.forward_backward([datum([5, 6, 7])]).result().metrics["loss:sum"]
         assert loss > 0
         loads = [e for e in c.events() if e["event"] == "transition" and e["state"] == trainer.model_id]

@@ -212,14 +212,14 @@ def test_a_coalesced_batch_goes_to_the_engine_at_once_with_the_hf_results(cluste
     prompts = [prompt(5, 6, 7 + i) for i in range(4)]
     vllm.compute_logprobs(prompts[0]).result(TIMEOUT)  # resident: the held device then runs only the batch
     node = cluster.nodes[0].target
-    with node.changed:
-        node.group.hold([0])
+    with node.lock:
+        node.scheduler.hold([0])
     try:
         skip = len(cluster.events())
         futures = [vllm.sample(p, 2, params) for p in prompts] + [vllm.compute_logprobs(prompts[1])]
     finally:
-        with node.changed:
-            node.group.hold([0], held=False)
+        with node.lock:
+            node.scheduler.hold([0], held=False)
     got = [f.result(TIMEOUT) for f in futures]
     starts = [e for e in cluster.events()[skip:] if e["event"] == "start" and e["model"] == vllm.state.state_id]
     assert len(starts) == 5 and len({e["t"] for e in starts}) == 1, "one device call for the five"

@@ -16,7 +16,7 @@ from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.control import CONTROL_THREADS, Control
 from plexrl.runtime.device_worker import DeviceWorker
 from plexrl.runtime.front import Front
-from plexrl.runtime.node import Node
+from plexrl.runtime.node import Node, NodeConfig
 
 NODE_CALL_THREADS = 64  # a node's calls that may wait (adding a model, removing a job); calls queue directly
 
@@ -35,8 +35,8 @@ class LocalCluster(Front):
     def _host_worker(self, node_id, name: str, args: tuple):
         return InlineActor(DeviceWorker(*args), name)
 
-    def _host_node(self, node_id, name: str, args: tuple):
-        return ThreadActor(Node(*args), NODE_CALL_THREADS, name)
+    def _host_node(self, node_id, name: str, config: NodeConfig):
+        return ThreadActor(Node(config), NODE_CALL_THREADS, name)
 
     def _host_control(self, name: str, args: tuple):
         return ThreadActor(Control(*args), CONTROL_THREADS, name)

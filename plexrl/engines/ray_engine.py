@@ -22,7 +22,7 @@ from plexrl.runtime.control import CONTROL_THREADS, Control
 from plexrl.runtime.control_plane import ControlClient
 from plexrl.runtime.device_worker import DeviceWorker
 from plexrl.runtime.front import Front, piece_name
-from plexrl.runtime.node import Call, Node
+from plexrl.runtime.node import Call, Node, NodeConfig
 
 DeviceWorkerActor = ray.remote(DeviceWorker)
 NodeActor = ray.remote(Node)
@@ -73,10 +73,10 @@ class RayCluster(Front):
         return DeviceWorkerActor.options(num_gpus=1, num_cpus=0, max_restarts=-1, scheduling_strategy=pinned,
                                          name=name).remote(*args)
 
-    def _host_node(self, node_id: str, name: str, args: tuple):
+    def _host_node(self, node_id: str, name: str, config: NodeConfig):
         pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
         return NodeActor.options(num_cpus=0, max_concurrency=NODE_CALL_THREADS, scheduling_strategy=pinned,
-                                 name=name).remote(*args)
+                                 name=name).remote(config)
 
     def _host_control(self, name: str, args: tuple):
         """On the driver's node: the control plane lives as long as the process that started the cluster."""

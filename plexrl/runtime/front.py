@@ -50,11 +50,12 @@ from plexrl.runtime.host_buffers import WRITEBACK_FLAGS, node_folder
 from plexrl.runtime.job_placer import provisional_profile
 from plexrl.runtime.memory_estimates import provisional_memory
 from plexrl.runtime.model_configs import ModelConfigs
-from plexrl.runtime.node import Call, Synced
+from plexrl.runtime.node import Call, NodeConfig
 from plexrl.runtime.recovery import NodeRecovery
 from plexrl.runtime.route_cache import RouteCache
 from plexrl.runtime.step_boundary import StepBoundary
 from plexrl.runtime.threads import ServicePool
+from plexrl.runtime.weight_sync import Synced
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,14 @@ class Front(StepBoundary, NodeRecovery):
         for group, node_id in enumerate(node_ids):
             mine = self._start_workers(group, node_id, config, torch_device)
             workers.update(mine)
-            nodes.append(self._host_node(node_id, piece_name(self.name, "node", group), (
-                group, list(mine), mine, config.device_memory_bytes, config.host_memory_bytes, config.policy,
-                str(workdir), str(node_folder(self.name, group)), epoch, config.event_log, config.prefetch,
-                precision.resolve(config.precision, torch_device), config.activation_reserve_bytes,
-                config.activation_probe_tokens, config.events_kept, self._read_replicas(config))))
+            nodes.append(self._host_node(node_id, piece_name(self.name, "node", group), NodeConfig(
+                node=group, devices=list(mine), workers=mine, device_memory_bytes=config.device_memory_bytes,
+                host_memory_bytes=config.host_memory_bytes, policy=config.policy, workdir=str(workdir),
+                shm_folder=str(node_folder(self.name, group)), epoch=epoch, event_log=config.event_log,
+                prefetch=config.prefetch, precision=precision.resolve(config.precision, torch_device),
+                activation_reserve_bytes=config.activation_reserve_bytes,
+                activation_probe_tokens=config.activation_probe_tokens, events_kept=config.events_kept,
+                read_replicas=self._read_replicas(config))))
         remote.get([w.ping.remote() for w in workers.values()] + [n.state_ids.remote() for n in nodes])
         description = Description(config, tuple(node_ids), str(workdir),
                                   config.checkpoint_dir or str(workdir / "checkpoints"))
@@ -149,7 +153,7 @@ class Front(StepBoundary, NodeRecovery):
     def _host_worker(self, node_id, name: str, args: tuple):
         raise NotImplementedError
 
-    def _host_node(self, node_id, name: str, args: tuple):
+    def _host_node(self, node_id, name: str, config: NodeConfig):
         raise NotImplementedError
 
     def _host_control(self, name: str, args: tuple):

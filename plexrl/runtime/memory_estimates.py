@@ -70,8 +70,8 @@ def provisional_memory(config, job: str, name: str, source: str, trainable: bool
                        resolved: str, cluster) -> list[ModelMemory]:
     """A model not loaded yet as admission counts it (`cluster`: the ClusterConfig): its estimated
     bytes next to the activation reserve set (a measured one is known once the node measured it),
-    its LoRA base shared. StateTooLarge (state_manager.check_budgets) when it can never fit."""
-    from plexrl.runtime.state_manager import BesideStates, check_budgets
+    its LoRA base shared. StateTooLarge (budgets.check_budgets) when it can never fit."""
+    from plexrl.runtime.budgets import BesideStates, check_budgets
 
     nbytes, shared = state_bytes(config, trainable, lora, resolved)
     reserve = cluster.activation_reserve_bytes or 0

@@ -3,10 +3,11 @@
 Each model state has a FIFO of requests (calls of one model run in submission order); only its
 head is *ready*. A free device's dispatcher asks `next_for(device)`; the policy picks among the
 ready heads, the StateManager plans and claims the transitions, and the node runs the step
-(node.py). Requests for node functions (functions.Where.NODE: save/load state, weight sync) run
-on the node's I/O threads as soon as they reach the head of their FIFO, through the same step.
+(step_runner.py). Requests for node functions (functions.Where.NODE: save/load state, weight
+sync) run on the node's I/O threads as soon as they reach the head of their FIFO, through the
+same step.
 
-The scheduler and the node's StateManager share one lock (`cond`, made by the node).
+The scheduler and the node's StateManager share one lock (`lock`, a condition the node makes).
 
 Slack: each job's step marks reach the scheduler (`step_mark`, through the node; the front also
 marks the start of a job's first step, at its admission, and of its step on a group it moved to);
@@ -20,11 +21,12 @@ state's other calls wait in its FIFO for the next free replica or their turn. Su
 pure functions of the weights and their payload (a sample carries its seed), so the order they
 run in changes no result.
 
-Batched sampling (`_coalesce`): when a device takes a `sample` or `compute_logprobs` head, the calls of those two kinds queued right behind it join its
-device call (`Request.batch`; the node runs them as `sample_batch`, functions.py), up to the KV
-positions the device's activation reserve holds (StateManager.decode_positions). Calls arriving
+Batched sampling (call_batching.py `coalesce`): when a device takes a `sample` or
+`compute_logprobs` head, the calls of those two kinds queued right behind it join its device call
+(`Request.batch`; the node runs them as `sample_batch`, functions.py), up to the KV positions the
+device's activation reserve holds (StateManager.decode_positions). Calls arriving
 while it runs join the next one. A sample head's E_i is the decode model's estimate of that batch
-(policy/decode.py, fitted to the state's batched calls: `_estimate`).
+(policy/decode.py, fitted to the state's batched calls: call_batching.py `decode_estimate`).
 
 Invariants: at most one request per model state is in flight (a batch is one request: its
 head, carrying the calls coalesced with it); every submitted request is
@@ -34,14 +36,15 @@ completed or failed exactly once, also when the cluster closes (its future gets 
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from plexrl.api import errors
 from plexrl.api.futures import APIFuture
 from plexrl.policy import GroupQueue, Head, LoadPlan, NoFit, Policy, StepClock, Tier, TransitionKind, choose, offload_estimate
-from plexrl.backends import slot_decode
-from plexrl.runtime.functions import BATCHED, FUNCTIONS, Function
+from plexrl.runtime.call_batching import coalesce, decode_estimate
+from plexrl.runtime.functions import FUNCTIONS, Function
 from plexrl.runtime.state_manager import StateManager
 from plexrl.runtime.telemetry import Telemetry
 from plexrl.runtime.threads import ServicePool
@@ -95,7 +98,7 @@ class GroupScheduler:
         state_manager: StateManager,
         policy: Policy,
         telemetry: Telemetry,
-        cond: threading.Condition,
+        lock: threading.Condition,
         run_on_node: Callable[[Request, LoadPlan], None],
         io_threads: int = 2,
         prefetch: bool = True,
@@ -106,17 +109,16 @@ class GroupScheduler:
         dispatch, also plan loading the state the policy would pick next for that device.
         `read_replicas`: run a weights-only state's calls on several devices at once."""
         self.group = group
-        self.devices = devices
         self.sm = state_manager
         self.policy = policy
         self.telemetry = telemetry
-        self._cond = cond
+        self.lock = lock
         self._run_on_node = run_on_node
         self._queue: GroupQueue[Request] = GroupQueue()
         self._idle: set[int] = set()  # devices whose dispatcher waits in next_for (affinity, see policy.choose)
         self._held: set[int] = set()  # devices given nothing to run while the node resizes their arenas
         self._io = ServicePool(io_threads, f"plexrl-io-g{group}")
-        self._slack: dict[str, _JobSlack] = {}  # job -> its calls here and its slack in the current step
+        self._slack: defaultdict[str, _JobSlack] = defaultdict(_JobSlack)  # job -> its calls and slack here
         self._closed = False
         self._prefetch = prefetch
         self._replicas = len(devices) - 1 if read_replicas else 0  # per state, at most
@@ -124,29 +126,23 @@ class GroupScheduler:
     def step_mark(self, job: str, slack: float, now: float) -> None:
         """`job`'s step boundary: its next step's calls may wait `slack` x its step time alone
         before they go first (the slack term of the `plexrl` policy, `StepClock`)."""
-        with self._cond:
-            self._job(job).mark(slack, now)
+        with self.lock:
+            self._slack[job].mark(slack, now)
 
     def forget_job(self, job: str) -> None:
-        with self._cond:
+        with self.lock:
             self._slack.pop(job, None)
-
-    def _job(self, job: str) -> _JobSlack:
-        tracked = self._slack.get(job)
-        if tracked is None:
-            tracked = self._slack[job] = _JobSlack()
-        return tracked
 
     def pending(self, state_id: str) -> int:
         return self._queue.pending(state_id)
 
     # -- submission and completion -------------------------------------------------------------
     def submit(self, request: Request) -> None:
-        with self._cond:
+        with self.lock:
             if self._closed:
                 request.future.set_exception(errors.ClusterClosed("the cluster is closed; no more calls are accepted"))
                 return
-            if request.state_id not in self.sm.states:
+            if self.sm.find(request.state_id) is None:
                 request.future.set_exception(errors.UnknownModel(
                     f"model {request.state_id!r} no longer exists on this cluster (a retired sampler snapshot?)"))
                 return
@@ -156,28 +152,28 @@ class GroupScheduler:
             )
             self._new_head(self._queue.push(request.state_id, request))
             self._feed(request.state_id)
-            self._cond.notify_all()
+            self.lock.notify_all()
 
     def complete(self, request: Request, failure: BaseException | None = None) -> None:
         """The head `request` is done. After a retriable `failure` the calls of the same model
         queued behind it fail too (retriably): they were submitted expecting it to succeed."""
-        with self._cond:
+        with self.lock:
             assert self._queue.head(request.state_id) is request, "completed a request that was not its model's head"
-            self._job(request.job).move(request, self.telemetry.now(), None)
+            self._slack[request.job].move(request, self.telemetry.now(), None)
             following = self._queue.complete(request.state_id)
             while following is not None and failure is not None and failure.retriable:
                 self._fail(following, _behind(failure, following), self._queue.fail)
                 following = self._queue.head(request.state_id)
             self._new_head(following)
-            primary = self.sm.primary_of(request.state_id)
+            primary = self.sm.replicas.primary_of(request.state_id)
             self._feed(primary)
             if following is None:
                 self._drop_if_retired(primary)
-            self._cond.notify_all()
+            self.lock.notify_all()
 
     def retire(self, state_id: str, remove: Callable[[], None]) -> None:
         """Remove a state once nothing is queued for it (superseded sampler snapshots)."""
-        with self._cond:
+        with self.lock:
             self._queue.retire(state_id, remove)
             self._drop_if_retired(state_id)
 
@@ -185,24 +181,24 @@ class GroupScheduler:
         """The states `state_ids` are free again (`StateManager.release`, `let_go`, which wake the
         dispatchers): one retired while it was busy (a snapshot a sync superseded as it moved)
         goes now if nothing is queued for it."""
-        with self._cond:
-            for state_id in {self.sm.primary_of(s) for s in state_ids}:
+        with self.lock:
+            for state_id in {self.sm.replicas.primary_of(s) for s in state_ids}:
                 self._drop_if_retired(state_id)
 
     def _drop_if_retired(self, state_id: str) -> None:
-        state = self.sm.states.get(state_id)
+        state = self.sm.find(state_id)
         if (state is not None and not state.busy and self._queue.drained(state_id)
-                and not self.sm.replicas_in_use(state_id, self.pending)):
+                and not self.sm.replicas.in_use(state_id, self.pending)):
             self._queue.take_retired(state_id)()
 
     def _feed(self, state_id: str) -> None:
         """Under the lock: hand the calls right behind `state_id`'s head to its replicas, one
         each, while the head and the call behind it both change nothing (docstring)."""
-        state = self.sm.states.get(state_id)
-        if not self._replicas or state is None or not self.sm.replicable(state):
+        state = self.sm.find(state_id)
+        if not self._replicas or state is None or not self.sm.replicas.replicable(state):
             return
         while _reads(self._queue.head(state_id)) and _reads(self._queue.next(state_id)):
-            replica = self.sm.idle_replica(state_id, self.pending, self._replicas)
+            replica = self.sm.replicas.idle(state_id, self.pending, self._replicas)
             if replica is None:
                 return
             request = self._queue.take_next(state_id)
@@ -218,8 +214,8 @@ class GroupScheduler:
             self._queue.start(request.state_id)
             self._io.submit(self._serve_io, request)
             return
-        state = self.sm.states[request.state_id]
-        now, tracked = self.telemetry.now(), self._job(request.job)
+        state = self.sm.state(request.state_id)
+        now, tracked = self.telemetry.now(), self._slack[request.job]
         tracked.move(request, now, Head.READY)
         self._queue.make_ready(
             request.state_id,
@@ -233,40 +229,29 @@ class GroupScheduler:
         )
 
     def _estimate(self, head: Request) -> float:
-        """E_i of a head: for a sample call on an HF state, the decode model (policy/decode.py,
-        fitted to the state's batched calls) of the batch `_coalesce` would make of it and the
-        sample calls queued behind it now; else, and until the model is fitted, the running
-        average of the function's measured times."""
-        primary = self.sm.primary_of(head.state_id)
+        """E_i of a head: for a sample call on an HF state, the decode model's estimate of the batch
+        `coalesce` would make of it and the calls queued behind it now (call_batching.py); else,
+        and until the model is fitted, the running average of the function's measured times."""
+        primary = self.sm.replicas.primary_of(head.state_id)
         fallback = self.telemetry.estimate(primary, head.fn)
-        if head.fn != "sample" or self.sm.states[head.state_id].sampler != "hf" or head.positions() is None:
+        if head.fn != "sample" or self.sm.state(head.state_id).sampler != "hf" or head.positions() is None:
             return fallback
-        rows, budget = [], self.sm.decode_positions(head.state_id)
-        used = 0
-        for call in self._queue.queued(head.state_id):
-            positions = call.positions()
-            if call.fn != "sample" or positions is None or (rows and used + positions > budget):
-                break
-            used += positions
-            rows.append((call.payload.num_samples, len(call.payload.tokens), call.payload.params.max_tokens))
-        positions = self.sm.states[head.state_id].module.config.max_position_embeddings
-        length = slot_decode.cache_len(max(prompt + tokens for _, prompt, tokens in rows), positions)
-        slots = slot_decode.slot_count(sum(n for n, _, _ in rows), length, budget)
-        estimate = self.telemetry.decode_estimate(primary, rows, slots)
+        estimate = decode_estimate(self.telemetry, primary, self._queue.queued(head.state_id),
+                                   self.sm.decode_positions(head.state_id), self.sm.state(head.state_id))
         return fallback if estimate is None else estimate
 
     # -- dispatch ---------------------------------------------------------------------------------
     def next_for(self, device: int) -> tuple[Request, LoadPlan, LoadPlan | None] | None:
         """Block until `device` has something to run: (request, its plan, a prefetch plan or
         None); None once the cluster closes."""
-        with self._cond:
+        with self.lock:
             self._idle.add(device)
             try:
                 while not self._closed:
                     picked = None if device in self._held else self._pick(device)
                     if picked is not None:
                         return picked
-                    self._cond.wait(_RETRY_S if self._queue.parked() else None)
+                    self.lock.wait(_RETRY_S if self._queue.parked() else None)
                 return None
             finally:
                 self._idle.discard(device)
@@ -275,24 +260,24 @@ class GroupScheduler:
         """Under the lock: give `devices` nothing more to run (`held`), or let them run again."""
         self._held = self._held | set(devices) if held else self._held - set(devices)
         if not held:
-            self._cond.notify_all()
+            self.lock.notify_all()
 
     def between_calls(self, device: int) -> bool:
         """Under the lock: whether `device`'s dispatcher waits for its next call (runs none)."""
         return device in self._idle
 
     def _pick(self, device: int) -> tuple[Request, LoadPlan, LoadPlan | None] | None:
-        for _, head in self._queue.unpark(lambda sid: self.sm.states[sid].busy):
+        for _, head in self._queue.unpark(lambda sid: self.sm.state(sid).busy):
             self._new_head(head)
         ready = self._queue.ready
         while len(ready):
-            free = self.sm.arenas[device].capacity_bytes - self.sm.resident_bytes(device)
+            free = self.sm.budgets.free_bytes(device)
             offload_s = offload_estimate(ready, free, self.telemetry.bytes_per_s("offload"))
             state_id = choose(self.policy, ready, device, offload_s, self.telemetry.now(), self._idle)
             if state_id is None:  # every ready request belongs to another idle device: wake it
-                self._cond.notify_all()
+                self.lock.notify_all()
                 return None
-            if self.sm.states[state_id].busy:
+            if self.sm.state(state_id).busy:
                 self._queue.park(state_id)
                 continue
             try:
@@ -307,34 +292,13 @@ class GroupScheduler:
                     self._queue.park(state_id)
                 continue
             request = self._queue.dispatch(state_id)
-            self._job(request.job).move(request, self.telemetry.now(), Head.RUNNING)
-            self._coalesce(request)
+            self._slack[request.job].move(request, self.telemetry.now(), Head.RUNNING)
+            coalesce(request, self._queue, self.sm.decode_positions)
             for t in plan.transitions:  # keep the candidates' residency right for the states this plan moves
                 if t.state_id in ready:
                     ready.set_resident(t.state_id, -1)
             return request, plan, self._plan_prefetch(device, plan)
         return None
-
-    def _coalesce(self, head: Request) -> None:
-        """Under the lock: move the calls queued right behind a dispatched `sample` or
-        `compute_logprobs` head that are such calls too into its device call (`head.batch`), while
-        their KV positions fit the decode budget (StateManager.decode_positions: what the activation
-        reserve holds; the head goes whatever its size). Only calls of one state share a call: one set of weights, one
-        job. Such calls are pure functions of the weights and their payload (a sample carries its
-        seed, and a row's result does not depend on its batch), so running them together changes
-        no result (a vLLM state's engine gets the batch's samples in one request). Calls that arrive
-        while the batch runs go into the next one."""
-        used = head.positions()
-        if used is None:
-            return
-        head.batch = []
-        budget = self.sm.decode_positions(head.state_id)
-        while (following := self._queue.next(head.state_id)) is not None:
-            positions = following.positions()
-            if positions is None or used + positions > budget:
-                return
-            used += positions
-            head.batch.append(self._queue.take_next(head.state_id))
 
     def _plan_prefetch(self, device: int, running: LoadPlan) -> LoadPlan | None:
         """The load of what the policy would pick next for `device`, to run while `running` does
@@ -344,10 +308,10 @@ class GroupScheduler:
         ready = self._queue.ready
         if not self._prefetch or not len(ready) or self._idle - {device}:
             return None
-        free = self.sm.arenas[device].capacity_bytes - self.sm.resident_bytes(device)
+        free = self.sm.budgets.free_bytes(device)
         offload_s = offload_estimate(ready, free, self.telemetry.bytes_per_s("offload"))
         state_id = choose(self.policy, ready, device, offload_s, self.telemetry.now(), self._idle)
-        if state_id is None or self.sm.states[state_id].tier is not Tier.HOST:
+        if state_id is None or self.sm.state(state_id).tier is not Tier.HOST:
             return None
         plan = self.sm.prepare_prefetch(state_id, device, running, self.pending)
         for t in plan.transitions if plan is not None else ():  # its victims are not resident any more
@@ -357,23 +321,23 @@ class GroupScheduler:
 
     def prefetched(self, state_id: str, device: int) -> None:
         """A prefetch put `state_id` on `device`: its waiting head is resident there now."""
-        with self._cond:
+        with self.lock:
             if state_id in self._queue.ready:
                 self._queue.ready.set_resident(state_id, device)
-            self._cond.notify_all()
+            self.lock.notify_all()
 
     def _hopeless(self) -> bool:
         """Nothing in transit on the node: waiting cannot make room."""
-        return not any(s.busy for s in self.sm.states.values())
+        return not self.sm.states.any_busy()
 
     def _fail_head(self, state_id: str) -> None:
         self._new_head(self._queue.fail(state_id))
-        self._feed(self.sm.primary_of(state_id))
+        self._feed(self.sm.replicas.primary_of(state_id))
 
     def _fail(self, request: Request, exc: BaseException, leave: Callable[[str], object]) -> None:
         """Fail a request that never ran: logged as an end, out of the queue (`leave`), future resolved."""
         self.telemetry.failed(request.job)
-        self._job(request.job).move(request, self.telemetry.now(), None)
+        self._slack[request.job].move(request, self.telemetry.now(), None)
         self.telemetry.events.emit(
             self.telemetry.now(), "end", request_id=request.id, job=request.job, model=request.state_id,
             fn=request.fn, device=None, ok=False, error=type(exc).__name__,
@@ -402,26 +366,26 @@ class GroupScheduler:
             request.future.set_exception(errors.StateTooLarge(plan.reason if plan is not None else "no room"))
 
     def _plan_io(self, request: Request) -> LoadPlan | NoFit | None:
-        with self._cond:
+        with self.lock:
             while True:
-                state = self.sm.states[request.state_id]
+                state = self.sm.state(request.state_id)
                 held = state.busy or (request.function.mutates  # replicas load from its host copy
-                                      and self.sm.replicas_in_use(request.state_id, self.pending))
+                                      and self.sm.replicas.in_use(request.state_id, self.pending))
                 plan = None if held else self.sm.prepare(request.state_id, None, request.job, self.pending)
-                others_busy = any(s.busy for s in self.sm.states.values())
+                others_busy = self.sm.states.any_busy()
                 if self._closed or not (plan is None or (isinstance(plan, NoFit) and others_busy)):
                     return plan
-                self._cond.wait(_RETRY_S)  # the state, or the host room it needs, is in use
+                self.lock.wait(_RETRY_S)  # the state, or the host room it needs, is in use
 
     # -- shutdown ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Fail every queued request (in-flight ones finish) and wake the dispatchers so they exit."""
-        with self._cond:
+        with self.lock:
             self._closed = True
             for _, request, in_flight in self._queue.items():
                 if not in_flight:
                     request.future.set_exception(errors.ClusterClosed("the cluster closed before this call ran"))
-            self._cond.notify_all()
+            self.lock.notify_all()
         self._io.shutdown(wait=True)
 
 

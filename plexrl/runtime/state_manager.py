@@ -9,15 +9,15 @@ Invariants (tests/test_runtime_invariants.py):
 Shared LoRA bases: a LoRA state's own bytes are its adapter's; the frozen base it stands on is one
 copy per device (a worker's template) and one per node (the node's own), whatever the number of
 LoRA states of that base. While a node holds any LoRA state of a base, that base's bytes are
-taken off every device's budget and off the host budget, once (`shared_bytes`): the planner
+taken off every device's budget and off the host budget, once (`NodeBudgets.shared_bytes`): the planner
 never hands those arena bytes out, so admission and switching stay honest.
 
-A device's budget (device_memory_bytes) is everything PlexRL may use on it. States get what is left
-(`BesideStates`): budget - the activation reserve of the largest model the node hosts (measured per
-base model folder, runtime/activation.py: one function runs at a time per device) - the vLLM
-engines' shares (one engine per base model sampled on vLLM, on any device) - the shared LoRA bases.
+A device's budget (device_memory_bytes) is everything PlexRL may use on it. States get what is
+left (`BesideStates`, budgets.py): budget - the activation reserve of the largest model the node
+hosts (measured per base model folder, runtime/activation.py: one function runs at a time per
+device) - the vLLM engines' shares (one engine per base model sampled on vLLM, on any device) - the shared LoRA bases.
 That net figure is every device's capacity in the policy's view (`plan_load`), and the size the
-node gives its workers' arenas (`arena_bytes`; node.py resizes them when it changes, dropping
+node gives its workers' arenas (`NodeBudgets.arena_bytes`; node_models.py resizes them when it changes, dropping
 device copies first), so the memory beside the arena really is free on CUDA.
 
 Read replicas: a weights-only state that samples with the hf backend (a sampler snapshot, a frozen
@@ -30,74 +30,41 @@ calls that change nothing on the primary; while a replica holds or waits for a c
 is busy in the policy's view (not spilled, not moved) and takes no node function.
 
 Decisions (what to move) come from `plexrl.policy.transitions`; this module applies them.
-All bookkeeping happens under `lock`, which the node's group scheduler shares (the node makes it).
+All bookkeeping happens under `lock`, the node's one lock (a condition: waiters are woken when
+states are released), which the node makes and shares with its group scheduler. Other pieces
+look a state up with `state` or `find` and ask the table (`states`, state_table.py) its questions;
+read replicas are `replicas` (read_replicas.py).
 Host-side transitions (spill, restore) run here, under the lock, so that two planners never count
 the same free host bytes. Device-side copies (load, offload) run on the device's worker
 (device_worker.py), on states claimed busy; the node books them here (`record`).
 
 Host buffers are files in the node's shared-memory folder (host_buffers.py), so that a worker in
-another process maps the same memory; spill files have opaque names of their own, so no two
-states' names can make them collide.
+another process maps the same memory; spill files are `spills` (spill_files.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from plexrl.api import errors
 from plexrl.backends import slot_decode
-from plexrl.policy import (
-    LoadPlan,
-    NoFit,
-    ResidencyView,
-    StateInfo,
-    Tier,
-    Transition,
-    TransitionKind,
-    plan_host_room,
-    plan_load,
-    plan_prefetch,
-)
+from plexrl.policy import (LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind,
+                           plan_host_room, plan_load, plan_prefetch)
 from plexrl.runtime.arena import DeviceArena
+from plexrl.runtime.budgets import NodeBudgets
 from plexrl.runtime.host_buffers import SharedHostBuffers
+from plexrl.runtime.read_replicas import Pending, ReadReplicas
+from plexrl.runtime.spill_files import SpillFiles
 from plexrl.runtime.state import ModelState
+from plexrl.runtime.state_table import StateTable
 from plexrl.runtime.telemetry import Telemetry
 
-Pending = Callable[[str], int]  # queued calls per state (the group scheduler's), for victim choice
-
 HOST_SIDE = (TransitionKind.SPILL, TransitionKind.RESTORE)
-
-
-@dataclass(frozen=True)
-class BesideStates:
-    """What a device's budget keeps beside its states (bytes, the same on every device of a node)."""
-
-    reserve_bytes: int = 0  # activations of the largest model hosted
-    reserve_of: str | None = None  # that model's folder
-    engine_bytes: int = 0  # vLLM engines (weights, KV cache, graphs)
-    shared_bytes: int = 0  # shared frozen LoRA bases
-
-    @property
-    def total(self) -> int:
-        return self.reserve_bytes + self.engine_bytes + self.shared_bytes
-
-    def parts(self) -> str:
-        """' + R activation reserve of model folder X + E for vLLM engines + S of shared LoRA bases'."""
-        of = f" of model folder {self.reserve_of!r}" if self.reserve_of else " (activation_reserve_bytes)"
-        out = f" + {self.reserve_bytes:,} activation reserve{of}" if self.reserve_bytes or self.reserve_of else ""
-        if self.engine_bytes:
-            out += f" + {self.engine_bytes:,} for vLLM engines"
-        if self.shared_bytes:
-            out += f" + {self.shared_bytes:,} of shared frozen LoRA base weights"
-        return out
 
 
 def host_side_end(plan: LoadPlan) -> int:
@@ -117,33 +84,38 @@ class StateManager:
         spill_dir: Path,
         telemetry: Telemetry,
         buffers: SharedHostBuffers,
-        changed: threading.Condition,
+        lock: threading.Condition,
         drop_copies: Callable[[str], None] = lambda state_id: None,
     ):
-        """`arenas`: the devices' budgets (the arenas themselves are the workers'); `changed`:
-        the node's condition, notified when states are released; `drop_copies(state_id)`: tell
+        """`arenas`: the devices' budgets (the arenas themselves are the workers'); `lock`:
+        the node's lock, notified when states are released; `drop_copies(state_id)`: tell
         the workers to let go of a state's device copy and host mapping (it is being spilled)."""
         self.node = node
         self.arenas = arenas
         self.host_capacity = host_capacity
-        self.spill_dir = Path(spill_dir)
+        self.spills = SpillFiles(Path(spill_dir))
         self.telemetry = telemetry
         self.buffers = buffers
-        self.states: dict[str, ModelState] = {}
-        self.changed = changed
-        self.lock = changed
-        self._spill_ids = itertools.count()
+        self.states = StateTable()
+        self.lock = lock
         self._drop_copies = drop_copies
-        self.reserves: dict[str, int] = {}  # base model folder -> its activation reserve (the node measures it)
-        self.engine_shares: dict[str, int] = {}  # base model folder -> its vLLM engine's share of a device
-        self.replicas: dict[str, list[str]] = {}  # primary -> its read replicas, in the order made
+        self.budgets = NodeBudgets(self.states, arenas, host_capacity)
+        self.replicas = ReadReplicas(self.states, telemetry, node)
+
+    # -- the table of states ----------------------------------------------------------------
+    def state(self, state_id: str) -> ModelState:
+        """The state `state_id` (KeyError when the node has none of that name)."""
+        return self.states[state_id]
+
+    def find(self, state_id: str) -> ModelState | None:
+        return self.states.get(state_id)
 
     # -- views for the policy ------------------------------------------------------------
     def info(self, s: ModelState, pending: Pending) -> StateInfo:
         return StateInfo(
             state_id=s.state_id, job=s.job, device_bytes=s.device_bytes,
             host_bytes=0 if s.replica_of else s.host_bytes, tier=s.tier, device=s.device, offset=s.offset,
-            busy=s.busy or self.replicas_in_use(s.state_id, pending),
+            busy=s.busy or self.replicas.in_use(s.state_id, pending),
             pending=pending(s.state_id), last_used_s=s.last_used_s,
         )
 
@@ -152,25 +124,14 @@ class StateManager:
         now (the node resizes arenas after the states it hosts change). `only`: the view of that
         state alone (a plan for a state resident on the device asked for reads nothing else; the
         dispatcher's common case, without building every state's info)."""
-        beside = self.beside()
-        net = self.budget() - beside.total
+        beside = self.budgets.beside()
+        net = self.budgets.budget() - beside.total
         states = {only.state_id: only} if only is not None else self.states
         return ResidencyView(
             states={sid: self.info(s, pending) for sid, s in states.items()},
             device_capacity={d: min(a.capacity_bytes, net) for d, a in self.arenas.items()},
             host_capacity=self.host_capacity - beside.shared_bytes,
         )
-
-    def beside(self, adding: ModelState | None = None) -> BesideStates:
-        """What every device keeps beside the node's states (and `adding`'s): see the module docstring."""
-        states = [*self.states.values(), *([adding] if adding is not None else [])]
-        sources = {s.source for s in states}
-        largest = max(sorted(sources), key=lambda src: self.reserves.get(src, 0), default=None)
-        engines = sum(self.engine_shares.get(src, 0) for src in {s.source for s in states if s.sampler == "vllm"})
-        return BesideStates(self.reserves.get(largest, 0), largest, engines, self.shared_bytes(adding))
-
-    def budget(self) -> int:
-        return min(a.budget_bytes for a in self.arenas.values())
 
     def decode_positions(self, state_id: str) -> int:
         """The KV-cache positions a batched sample of the state may hold on a device: the activation
@@ -179,19 +140,7 @@ class StateManager:
         computes in."""
         state = self.states[state_id]
         dtype = state.autocast or state.dtype
-        return self.beside().reserve_bytes // slot_decode.kv_bytes_per_position(state.module.config, dtype)
-
-    def arena_bytes(self, adding: ModelState | None = None) -> int:
-        """The bytes states may use on each device: the budget less what is kept beside them."""
-        return self.budget() - self.beside(adding).total
-
-    def shared_bytes(self, adding: ModelState | None = None) -> int:
-        """Bytes of the shared LoRA bases the node's states stand on (and `adding`'s), each counted once."""
-        states = [*self.states.values(), *([adding] if adding is not None else [])]
-        return sum({s.source: s.shared_bytes for s in states if s.lora is not None}.values())
-
-    def resident_bytes(self, device: int) -> int:
-        return sum(s.device_bytes for s in self.states.values() if s.tier is Tier.DEVICE and s.device == device)
+        return self.budgets.beside().reserve_bytes // slot_decode.kv_bytes_per_position(state.module.config, dtype)
 
     # -- adding and removing states -------------------------------------------------------
     def add(self, state: ModelState, pending: Pending, initial: torch.Tensor | None = None,
@@ -199,14 +148,15 @@ class StateManager:
         """Register a state and give it its persistent host buffer, filled from its module
         (or from `initial`, a flat weights tensor). When host room is short only because states
         are in use, wait for them — except the ones the caller itself `holding`s."""
-        self.check_fits(state)
+        self.budgets.check_fits(state)
         with self.lock:
             if state.state_id in self.states:
                 raise errors.InvalidInput(f"a model named {state.name!r} already exists in job {state.job!r}")
-            need = state.host_bytes + self.shared_bytes(state) - self.shared_bytes()  # a new base takes host room too
+            # a new base takes host room too
+            need = state.host_bytes + self.budgets.shared_bytes(state) - self.budgets.shared_bytes()
             room = plan_host_room(self.view(pending), need)
             while isinstance(room, NoFit) and any(s.busy and s.state_id not in holding for s in self.states.values()):
-                self.changed.wait(0.05)  # states in use now free their host buffers when released
+                self.lock.wait(0.05)  # states in use now free their host buffers when released
                 room = plan_host_room(self.view(pending), need)
             if isinstance(room, NoFit):
                 raise errors.StateTooLarge(f"cannot add model {state.name!r} of job {state.job!r}: {room.reason}")
@@ -226,47 +176,9 @@ class StateManager:
             self.telemetry.events.emit(self.telemetry.now(), "state_added", state=state.state_id, job=state.job,
                                        node=self.node, host_bytes=state.host_bytes, device_bytes=state.device_bytes)
 
-    # -- read replicas (module docstring) ----------------------------------------------------
-    @staticmethod
-    def replicable(state: ModelState) -> bool:
-        return (state.replica_of is None and not state.trainable and state.lora is None and state.sampler == "hf"
-                and state.tier is not Tier.DISK)
-
-    def primary_of(self, state_id: str) -> str:
-        state = self.states.get(state_id)
-        return state.replica_of if state is not None and state.replica_of else state_id
-
-    def host_of(self, state: ModelState) -> torch.Tensor | None:
-        """The host copy a state loads from: its own, or a replica's primary's."""
-        return self.states[state.replica_of].host if state.replica_of else state.host
-
-    def replicas_in_use(self, state_id: str, pending: Pending) -> bool:
-        """Under the lock: whether a replica of `state_id` is claimed or has calls queued."""
-        return any(self.states[r].busy or pending(r) for r in self.replicas.get(state_id, ()))
-
     def in_use(self, state_id: str, pending: Pending) -> bool:
         """Under the lock: whether the state or one of its replicas is claimed or has calls queued."""
-        return self.states[state_id].busy or bool(pending(state_id)) or self.replicas_in_use(state_id, pending)
-
-    def idle_replica(self, state_id: str, pending: Pending, most: int) -> str | None:
-        """Under the lock: a replica of `state_id` with no call queued, made when fewer than
-        `most` exist; None when every one has a call. Prefers one resident on a device."""
-        mine = self.replicas.setdefault(state_id, [])
-        idle = [r for r in mine if not pending(r)]
-        if idle:
-            return min(idle, key=lambda r: self.states[r].tier is not Tier.DEVICE)
-        if len(mine) >= most:
-            return None
-        primary = self.states[state_id]
-        replica = ModelState(f"{state_id}#{len(mine) + 1}", primary.job, f"{primary.name}#{len(mine) + 1}",
-                             primary.module, False, primary.source, dtype=primary.dtype, autocast=primary.autocast,
-                             replica_of=state_id)
-        self.states[replica.state_id] = replica
-        mine.append(replica.state_id)
-        self.telemetry.events.emit(self.telemetry.now(), "state_added", state=replica.state_id, job=replica.job,
-                                   node=self.node, host_bytes=0, device_bytes=replica.device_bytes,
-                                   replica_of=state_id)
-        return replica.state_id
+        return self.states[state_id].busy or bool(pending(state_id)) or self.replicas.in_use(state_id, pending)
 
     def host_copy_changed(self, state: ModelState) -> None:
         """Its host copy was rewritten (a node function, an in-place sync): its device copy and
@@ -277,29 +189,14 @@ class StateManager:
     def drop_replica_copies(self, state_id: str) -> None:
         """Its host copy changes or goes (rewritten, spilled): its replicas' device copies and the
         workers' mappings go first."""
-        for replica in self.replicas.get(state_id, ()):
+        for replica in self.replicas.of(state_id):
             self._drop_copies(replica)
             self.forget_device_copy(self.states[replica])
-
-    def check_fits(self, state: ModelState) -> None:
-        """StateTooLarge unless the state fits this node's budgets when nothing but what is kept
-        beside the states (its own reserve, engine and base included) is there, and unless every
-        state already here still fits next to what it adds."""
-        budget, beside = self.budget(), self.beside(state)
-        check_budgets(state.name, state.job, state.trainable, state.device_bytes, state.host_bytes, budget,
-                      self.host_capacity, beside.shared_bytes, state.dtype, beside)
-        largest = max(self.states.values(), key=lambda s: s.device_bytes, default=None)
-        if largest is not None and beside.total > self.beside().total and largest.device_bytes + beside.total > budget:
-            raise errors.StateTooLarge(
-                f"cannot add model {state.name!r} of job {state.job!r}: model {largest.name!r} of job {largest.job!r} "
-                f"already here needs {largest.device_bytes:,} device bytes{beside.parts()} = "
-                f"{largest.device_bytes + beside.total:,} > the device budget of {budget:,} bytes once it is added; "
-                f"expected device_memory_bytes >= {largest.device_bytes + beside.total:,}")
 
     def remove(self, state_id: str) -> list[str]:
         """Remove a state and its read replicas; returns the ids removed (the state's last)."""
         with self.lock:
-            gone = [*self.replicas.pop(state_id, ()), state_id]
+            gone = [*self.replicas.forget(state_id), state_id]
             for sid in gone:
                 state = self.states.pop(sid)
                 if not state.replica_of:  # a replica's module and host copy are its primary's
@@ -370,7 +267,7 @@ class StateManager:
             if state is not None:
                 state.busy = False
                 state.last_used_s = now
-            self.changed.notify_all()
+            self.lock.notify_all()
 
     def let_go(self, offloads) -> None:
         """Under the lock: the victims of these `offloads` (of a plan being dispatched) are in host
@@ -378,7 +275,7 @@ class StateManager:
         for t in offloads:
             self.moved(t)
             self.states[t.state_id].busy = False
-        self.changed.notify_all()
+        self.lock.notify_all()
 
     # -- transitions --------------------------------------------------------------------------
     def _run(self, t: Transition, job: str) -> float:
@@ -397,13 +294,9 @@ class StateManager:
         return 0
 
     def _spill(self, state: ModelState, t: Transition) -> int:
-        self.spill_dir.mkdir(parents=True, exist_ok=True)
         self.drop_replica_copies(state.state_id)
         self._drop_copies(state.state_id)  # a worker's mapping would keep the freed host memory alive
-        path = self.spill_dir / f"spill-{next(self._spill_ids)}.safetensors"  # opaque: no name can alias
-        save_file({"flat": state.typed(state.host)}, str(path),  # in its dtype: read back as it was
-                  metadata={"state": state.state_id, "adam_step": str(state.adam_step)})
-        state.spill_path = path
+        state.spill_path = self.spills.write(state)
         state.unbind()
         self.buffers.release(state.host)
         state.host = None
@@ -411,22 +304,14 @@ class StateManager:
         return state.host_bytes
 
     def _restore(self, state: ModelState, t: Transition) -> int:
-        """Read the spill file back. An unreadable one marks the state `unreadable` (the caller's
-        request fails; nothing else changes); an unreadable state comes back zeroed, for the
-        checkpoint load that revives it to fill."""
+        """Read the spill file back (SpillFiles.read: an unreadable one fails the caller's request
+        and changes nothing else)."""
         host = self.buffers.allocate(state.host_bytes)
         try:
-            if state.unreadable:
-                host.zero_()
-            else:
-                state.typed(host).copy_(load_file(str(state.spill_path))["flat"])
-        except Exception as exc:
+            self.spills.read(state, host)
+        except errors.StateLost:
             self.buffers.release(host)
-            state.unreadable = True
-            raise errors.StateLost(
-                f"model {state.state_id!r} could not be read back from its spill file ({type(exc).__name__}: {exc}); "
-                "restore it from a checkpoint with load_state_with_optimizer(path) (load_state for weights only) "
-                "before using it") from exc
+            raise
         state.spill_path.unlink(missing_ok=True)
         state.spill_path = None
         state.host = host
@@ -458,7 +343,7 @@ class StateManager:
 
     def moved(self, t: Transition) -> None:
         """The node's view follows a device-side transition (`record` without the booking: an
-        offload elsewhere is booked when its worker answers, node.py)."""
+        offload elsewhere is booked when its worker answers, step_runner.py)."""
         state = self.states[t.state_id]
         with self.lock:
             if t.kind is TransitionKind.LOAD:
@@ -471,10 +356,10 @@ class StateManager:
         """The device's copies are gone (its worker died, or a node function changed the host
         copy): every state resident there is back to its host copy."""
         with self.lock:
-            lost = [s for s in self.states.values() if s.tier is Tier.DEVICE and s.device == device]
+            lost = self.states.resident_on((device,))
             for state in lost:
                 self.forget_device_copy(state)
-            self.changed.notify_all()
+            self.lock.notify_all()
         return [s.state_id for s in lost]
 
     def forget_device_copy(self, state: ModelState, logged: bool = True) -> None:
@@ -487,24 +372,3 @@ class StateManager:
                 t = Transition(TransitionKind.OFFLOAD, state.state_id, state.device_bytes, state.device)
                 self.telemetry.transition(t, state.job, 0, 0.0, self.node, self.telemetry.now(), state.device_bytes)
             state.tier, state.device, state.offset, state.dirty = Tier.HOST, None, None, False
-
-
-def check_budgets(name: str, job: str, trainable: bool, device_bytes: int, host_bytes: int, device_budget: int,
-                  host_budget: int, shared_bytes: int = 0, dtype: torch.dtype = torch.float32,
-                  beside: BesideStates | None = None) -> None:
-    """StateTooLarge unless a state of these sizes (its flat memory in `dtype`) fits the budgets
-    when nothing else is there but what a device keeps `beside` its states (default: only
-    `shared_bytes` of shared LoRA bases) and, on the host, `shared_bytes` (counted once on each budget)."""
-    what = ("weights, gradients and Adam moments" if trainable else "weights") + f", {str(dtype).removeprefix('torch.')}"
-    beside = beside or BesideStates(shared_bytes=shared_bytes)
-    if device_bytes + beside.total > device_budget:
-        need = device_bytes + beside.total
-        raise errors.StateTooLarge(
-            f"model {name!r} of job {job!r} needs {device_bytes:,} device bytes ({what}){beside.parts()} = {need:,} "
-            f"> the device budget of {device_budget:,} bytes; expected device_memory_bytes >= {need:,}"
-        )
-    if host_bytes + shared_bytes > host_budget:
-        raise errors.StateTooLarge(
-            f"model {name!r} of job {job!r} needs {host_bytes + shared_bytes:,} host bytes but the "
-            f"node's host budget is {host_budget:,}; expected host_memory_bytes >= {host_bytes + shared_bytes:,}"
-        )
