@@ -277,8 +277,8 @@ def schema_reference(model, key_of: dict[str, str]) -> str:
 def workload_schema() -> str:
     from plexrl.sim.workload import Workload
 
-    return schema_reference(Workload, {"Workload": "workload file (top level)", "Job": "jobs[]",
-                                       "Rollout": "jobs[].rollout", "PoissonArrivals": "poisson"})
+    return schema_reference(Workload, {"Workload": "workload file (top level)", "WorkloadJob": "jobs[]",
+                                       "RolloutShape": "jobs[].rollout", "PoissonArrivals": "poisson"})
 
 
 def cluster_schema() -> str:

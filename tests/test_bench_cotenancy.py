@@ -20,7 +20,7 @@ import pytest
 
 from plexrl.bench.cotenancy import cotenancy
 from plexrl.cli import main
-from plexrl.sim.workload import Job, Workload, load_cluster, load_workload
+from plexrl.sim.workload import WorkloadJob, Workload, load_cluster, load_workload
 
 
 def two_classes() -> Workload:
@@ -78,7 +78,7 @@ def test_fewer_than_two_tenants_or_an_unknown_workload_is_a_clear_error(capsys):
 def test_the_command_prints_one_json_object(capsys, tmp_path):
     path = tmp_path / "w.yaml"
     path.write_text(json.dumps(load_workload("crowded-256").model_copy(
-        update={"jobs": [Job(name="solo", params_b=7, reward_s=10)]}).model_dump()))
+        update={"jobs": [WorkloadJob(name="solo", params_b=7, reward_s=10)]}).model_dump()))
     assert main(["bench", "cotenancy", str(path), "--tenants", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [c["combination"] for c in out["combinations"]] == [["solo", "solo"]]

@@ -15,7 +15,7 @@ from plexrl.policy.horizon import Horizon
 from plexrl.policy.placement import FirstFit, Placement, Placer, Wait
 from plexrl.policy.placement.cotenancy import step_inflation
 from plexrl.policy.profile import JobProfile, ModelMemory, average_demand
-from plexrl.policy.resources import Node, NodeGroup, ResourceView
+from plexrl.policy.resources import NodeResources, NodeGroup, ResourceView
 
 GiB = 2**30
 SQUARE = (2, 2, 2, 2, 0, 0, 0, 0)
@@ -82,7 +82,7 @@ def test_decision_table(name):
 
 
 def test_a_group_with_too_few_big_arenas_is_named():
-    small, big = Node("small", (0,), 2 * GiB, 100 * GiB), Node("big", (1,), 10 * GiB, 100 * GiB)
+    small, big = NodeResources("small", (0,), 2 * GiB, 100 * GiB), NodeResources("big", (1,), 10 * GiB, 100 * GiB)
     placer = Placer(ResourceView([NodeGroup("g", "p", (small, big))]), horizon_slots=8)
     decision = placer.place(job("j", SQUARE), 0.0)
     assert isinstance(decision, Wait)
@@ -91,7 +91,7 @@ def test_a_group_with_too_few_big_arenas_is_named():
 
 
 def test_fragmented_host_memory_reports_what_can_really_be_used():
-    nodes = tuple(Node(f"n{i}", (i,), 10 * GiB, 6 * GiB) for i in range(2))
+    nodes = tuple(NodeResources(f"n{i}", (i,), 10 * GiB, 6 * GiB) for i in range(2))
     placer = Placer(ResourceView([NodeGroup("g", "p", nodes)]), horizon_slots=8)
     placer.place(job("a", (1, 0), devices=1, host=3 * GiB), 0.0)  # n0: 3 GiB left, n1: 6 GiB
     decision = placer.place(job("b", SQUARE, host=4 * GiB), 0.0)  # needs 4 GiB on each node
@@ -370,7 +370,7 @@ def test_phase_shift_lowers_contention_against_first_fit():
 
 
 def test_devices_spread_over_nodes_with_most_free_host():
-    node = lambda n, devs: Node(n, devs, 10 * GiB, 20 * GiB)  # noqa: E731
+    node = lambda n, devs: NodeResources(n, devs, 10 * GiB, 20 * GiB)  # noqa: E731
     view = ResourceView([NodeGroup("g", "p", (node("n0", (0, 1)), node("n1", (2, 3))))])
     view.allocate("x", (0,), 8 * GiB)
     assert view.choose_devices(0, job("y", SQUARE)) == (2, 3)

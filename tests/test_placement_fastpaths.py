@@ -19,7 +19,7 @@ from plexrl.policy.placement.probes import ProbeBounds, _fits_on_probes
 from plexrl.policy.placement.refusal import RefusalBound
 from plexrl.policy.placement.search import DeviceSearch
 from plexrl.policy.profile import JobProfile, ModelMemory
-from plexrl.policy.resources import Node, NodeGroup, ResourceView
+from plexrl.policy.resources import NodeResources, NodeGroup, ResourceView
 
 GiB = 2**30
 BUSY = (2, 2, 2, 2, 2, 2, 0, 0)  # busy 6 of 8 s per device: two such jobs cannot take turns
@@ -170,7 +170,7 @@ def test_feasible_groups_equal_a_search_pod_by_pod(seed):
     """Mixed arenas, host sizes and shared models, filled and emptied at random."""
     rng = np.random.default_rng(seed)
     groups = [NodeGroup(f"p{p}/g{g}", f"p{p}", tuple(
-        Node(f"p{p}/g{g}/n{n}", tuple(range(8 * (4 * p + 2 * g + n), 8 * (4 * p + 2 * g + n) + int(rng.choice([2, 4, 8])))),
+        NodeResources(f"p{p}/g{g}/n{n}", tuple(range(8 * (4 * p + 2 * g + n), 8 * (4 * p + 2 * g + n) + int(rng.choice([2, 4, 8])))),
              int(rng.choice([20, 80])) * GiB, int(rng.choice([100, 300])) * GiB) for n in range(2)))
         for p in range(3) for g in range(2)]
     cluster = ResourceView(groups)

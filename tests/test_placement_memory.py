@@ -13,7 +13,7 @@ from plexrl.policy.resources import ResourceView
 from plexrl.sim.latency import job_costs
 from plexrl.sim.plexrl_mode import resource_view
 from plexrl.sim.profiles import job_profile
-from plexrl.sim.workload import Job, SimCluster
+from plexrl.sim.workload import WorkloadJob, SimCluster
 
 GiB = 2**30
 
@@ -79,7 +79,7 @@ def test_host_is_never_over_committed_and_copies_match_their_users():
 
 def test_two_235b_jobs_share_a_node_group_once_the_sampler_keeps_no_host_copy():
     cluster = SimCluster(name="h200-64", nodes_per_pod=4, group_nodes=4)  # one group of 4 nodes, 2 TB each
-    spec = Job(name="math-235b", algorithm="dapo", params_b=235, active_params_b=22, tp=8, dp=4, steps=2)
+    spec = WorkloadJob(name="math-235b", algorithm="dapo", params_b=235, active_params_b=22, tp=8, dp=4, steps=2)
     costs = job_costs(spec, cluster)
     profile = job_profile(spec, costs, seed=0, index=0)
     assert profile.host_bytes_per_device == costs.trainer_bytes  # sampler: 0, its weights are the trainer's
@@ -95,7 +95,7 @@ def test_two_235b_jobs_share_a_node_group_once_the_sampler_keeps_no_host_copy():
 @pytest.mark.parametrize("algorithm, shared", [("grpo", True), ("dapo", False)])
 def test_a_named_base_shares_its_reference(algorithm, shared):
     cluster = SimCluster(name="c", nodes_per_pod=1)
-    spec = Job(name="j", algorithm=algorithm, params_b=7, dp=8, steps=1, base="qwen2.5-7b")
+    spec = WorkloadJob(name="j", algorithm=algorithm, params_b=7, dp=8, steps=1, base="qwen2.5-7b")
     profile = job_profile(spec, job_costs(spec, cluster), seed=0, index=0)
     expected = {"qwen2.5-7b/ref": job_costs(spec, cluster).ref_bytes} if shared else {}
     assert profile.shared_host_bytes == expected

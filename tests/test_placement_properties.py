@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from plexrl.policy.placement import Placement, Placer, Wait
 from plexrl.policy.profile import JobProfile, ModelMemory
-from plexrl.policy.resources import Node, NodeGroup, ResourceView
+from plexrl.policy.resources import NodeResources, NodeGroup, ResourceView
 
 GiB = 2**30
 
@@ -25,7 +25,7 @@ def clusters(draw) -> ResourceView:
             for n in range(draw(st.integers(1, 2))):
                 count = draw(st.integers(1, 3))
                 arena, host = draw(st.integers(4, 16)) * GiB, draw(st.integers(8, 64)) * GiB
-                nodes.append(Node(f"p{p}g{g}n{n}", tuple(range(device, device + count)), arena, host))
+                nodes.append(NodeResources(f"p{p}g{g}n{n}", tuple(range(device, device + count)), arena, host))
                 device += count
             groups.append(NodeGroup(f"p{p}/g{g}", f"p{p}", tuple(nodes)))
     return ResourceView(groups)

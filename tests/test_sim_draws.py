@@ -7,9 +7,9 @@ import numpy as np
 
 from plexrl.sim.phases import DRAW_BLOCK, draw_steps, first_step, job_rng
 from plexrl.sim.service import SimJob
-from plexrl.sim.workload import Job
+from plexrl.sim.workload import WorkloadJob
 
-JOB = Job(name="j", params_b=7, steps=DRAW_BLOCK + 5, rollout={"prompts": 4, "turns": 2, "tool_s": 5, "refill_fraction": 0.5})
+JOB = WorkloadJob(name="j", params_b=7, steps=DRAW_BLOCK + 5, rollout={"prompts": 4, "turns": 2, "tool_s": 5, "refill_fraction": 0.5})
 
 
 def test_sim_job_walks_blocks_in_step_order():

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from plexrl.sim.latency import decode_shards, job_costs, sample_lengths, weight_sync_s
 from plexrl.sim.phases import draw_steps, job_rng, plan_step
-from plexrl.sim.workload import Job, Rollout, load_cluster
+from plexrl.sim.workload import WorkloadJob, RolloutShape, load_cluster
 
 
 def decode_reference(t0: float, c: float, lengths: list[int]) -> float:
@@ -27,7 +27,7 @@ def decode_reference(t0: float, c: float, lengths: list[int]) -> float:
     replicas=st.integers(1, 8),
 )
 def test_decode_shards_match_step_by_step_reference(lengths, replicas):
-    costs = job_costs(Job(name="j", params_b=7), load_cluster("h200-256"))
+    costs = job_costs(WorkloadJob(name="j", params_b=7), load_cluster("h200-256"))
     arr = np.array(lengths, dtype=float)
     got = decode_shards(costs, arr, replicas)
     # reference: deal lengths to replicas as decode_shards documents (even blocks, remainder one each)
@@ -41,16 +41,16 @@ def test_decode_shards_match_step_by_step_reference(lengths, replicas):
 
 
 def test_throughput_per_gpu_rises_with_batch():
-    costs = job_costs(Job(name="j", params_b=7), load_cluster("h200-256"))
+    costs = job_costs(WorkloadJob(name="j", params_b=7), load_cluster("h200-256"))
     rates = [b / (costs.decode_step_s + costs.decode_seq_s * b) for b in (8, 64, 256)]
     assert rates[0] < rates[1] < rates[2]
 
 
 def test_length_mixture_moments_match_the_published_trace():
-    lengths = sample_lengths(Rollout(), 200_000, np.random.default_rng(0))
+    lengths = sample_lengths(RolloutShape(), 200_000, np.random.default_rng(0))
     assert lengths.mean() == pytest.approx(9_600, rel=0.03), "published mean ~9.6k tokens"
     assert lengths.std() == pytest.approx(5_900, rel=0.08), "published std ~5.9k tokens"
-    assert lengths.min() >= 1 and lengths.max() <= Rollout().max_tokens
+    assert lengths.min() >= 1 and lengths.max() <= RolloutShape().max_tokens
 
 
 CALIBRATION = [
@@ -67,7 +67,7 @@ def test_qwen7b_on_32_h20_step_breakdown(fn, share, tol):
     The ref log-prob and reward (not in the published split) are left out of both sides; the
     published figure is a typical step, so we compare the mean over the first 20 steps."""
     cluster = load_cluster("h20-32")
-    job = Job(name="q7b", params_b=7, tp=1, dp=32, reward_s=0, algorithm="dapo")
+    job = WorkloadJob(name="q7b", params_b=7, tp=1, dp=32, reward_s=0, algorithm="dapo")
     costs = job_costs(job, cluster)
     steps = [plan_step(job, costs, draws, 32, 32) for draws in draw_steps(job, job_rng(0, 0))]
     seconds = {fn: np.mean([max(p.shard_s) for ph in steps for p in ph if p.fn == fn]) for fn in ("sample", "logprobs", "update")}
@@ -81,7 +81,7 @@ def test_weight_sync_within_published_range(params, lo, hi):
     assert lo <= weight_sync_s(params) <= hi
 
 
-def lengths_reference(rollout: Rollout, n: int, rng: np.random.Generator) -> np.ndarray:
+def lengths_reference(rollout: RolloutShape, n: int, rng: np.random.Generator) -> np.ndarray:
     """The mixture drawn plainly: a component per draw from the uniform, then mean + std * z."""
     u = rng.random(n)
     component = np.searchsorted(np.cumsum(rollout.length_weights)[:-1], u, side="right")
@@ -91,9 +91,9 @@ def lengths_reference(rollout: Rollout, n: int, rng: np.random.Generator) -> np.
 
 
 @pytest.mark.parametrize("rollout", [
-    Rollout(),
-    Rollout(length_scale=0.25, max_tokens=4096),
-    Rollout(length_weights=(1.0,), length_means=(300.0,), length_stds=(500.0,), max_tokens=512),
+    RolloutShape(),
+    RolloutShape(length_scale=0.25, max_tokens=4096),
+    RolloutShape(length_weights=(1.0,), length_means=(300.0,), length_stds=(500.0,), max_tokens=512),
 ], ids=["paper-mixture", "scaled-and-capped", "one-component-clipped-both-ends"])
 @pytest.mark.parametrize("seed", [0, 7])
 def test_sample_lengths_equal_the_plain_reference_bit_for_bit(rollout, seed):

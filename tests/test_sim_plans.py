@@ -10,10 +10,10 @@ import pytest
 from plexrl.sim.latency import job_costs
 from plexrl.sim.phases import DRAW_BLOCK, StepPlans, draw_steps, job_rng, plan_step
 from plexrl.sim.profiles import job_profile
-from plexrl.sim.workload import Job, SimCluster
+from plexrl.sim.workload import WorkloadJob, SimCluster
 
 CLUSTER = SimCluster(name="plans")
-JOB = Job(name="j", params_b=7, dp=4, steps=DRAW_BLOCK + 5,
+JOB = WorkloadJob(name="j", params_b=7, dp=4, steps=DRAW_BLOCK + 5,
           rollout={"prompts": 8, "turns": 2, "tool_s": 5, "refill_fraction": 0.5})
 
 SHAPES = {  # (rollout GPUs, training GPUs, consolidate tail)
@@ -23,7 +23,7 @@ SHAPES = {  # (rollout GPUs, training GPUs, consolidate tail)
 }
 
 
-def alone(job: Job, seed: int, index: int, rollout: int, train: int, tail: bool) -> list:
+def alone(job: WorkloadJob, seed: int, index: int, rollout: int, train: int, tail: bool) -> list:
     rng, costs, steps = job_rng(seed, index), job_costs(job, CLUSTER), []
     while len(steps) < job.steps:
         steps += [plan_step(job, costs, d, rollout, train, tail) for d in draw_steps(job, rng)]

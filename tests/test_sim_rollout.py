@@ -18,9 +18,9 @@ from plexrl.sim.latency import TAIL_REPLICAS, decode_shards, job_costs, tail_cut
 from plexrl.sim.modes import make_mode
 from plexrl.sim.plexrl_mode import PlexRLMode
 from plexrl.sim.rollout import Decode, Rollout
-from plexrl.sim.workload import Job, SimCluster, Workload, load_cluster
+from plexrl.sim.workload import WorkloadJob, SimCluster, Workload, load_cluster
 
-COSTS = job_costs(Job(name="j", params_b=30, active_params_b=3, tp=2, dp=8), load_cluster("h200-256"))
+COSTS = job_costs(WorkloadJob(name="j", params_b=30, active_params_b=3, tp=2, dp=8), load_cluster("h200-256"))
 lengths_st = st.lists(st.integers(1, 3000), min_size=1, max_size=300).map(lambda xs: np.array(xs, dtype=float))
 
 
@@ -60,7 +60,7 @@ class _GPU:
 class _Job:
     def __init__(self, costs, prompt_tokens=512):
         self.costs = costs
-        self.spec = Job(name="j", params_b=30, active_params_b=3, tp=2, dp=8,
+        self.spec = WorkloadJob(name="j", params_b=30, active_params_b=3, tp=2, dp=8,
                         rollout={"prompt_tokens": prompt_tokens})
 
 

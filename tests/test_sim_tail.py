@@ -15,12 +15,12 @@ from plexrl.sim.latency import consolidated_shards, job_costs, tail_cut
 from plexrl.sim.phases import Phase, first_step, gpu_seconds, plan_step, solo_step_s
 from plexrl.sim.service import SimService
 from plexrl.sim.worker import SimWorker
-from plexrl.sim.workload import Job, load_cluster
+from plexrl.sim.workload import WorkloadJob, load_cluster
 
 from test_sim_latency import decode_reference
 from test_sim_timeline import ScriptedJob
 
-COSTS = job_costs(Job(name="j", params_b=30, active_params_b=3, tp=2, dp=8), load_cluster("h200-256"))
+COSTS = job_costs(WorkloadJob(name="j", params_b=30, active_params_b=3, tp=2, dp=8), load_cluster("h200-256"))
 
 
 @settings(max_examples=80, deadline=None)
@@ -84,7 +84,7 @@ def test_consolidation_saves_worker_time_at_a_small_step_cost():
     """On the 30B job of paper-mix (8 replicas of 2 GPUs) the plan with the tail consolidated
     uses fewer GPU-seconds, and its solo step is at most a few percent longer."""
     cluster = load_cluster("h200-256")
-    job = Job(name="code", algorithm="dapo", params_b=30, active_params_b=3, tp=2, dp=8, reward_s=0)
+    job = WorkloadJob(name="code", algorithm="dapo", params_b=30, active_params_b=3, tp=2, dp=8, reward_s=0)
     costs = job_costs(job, cluster)
     whole = plan_step(job, costs, first_step(job, 0, 0), 16, 16, consolidate_tail=False)
     split = plan_step(job, costs, first_step(job, 0, 0), 16, 16, consolidate_tail=True)

@@ -22,14 +22,14 @@ from plexrl.sim.group import Group
 from plexrl.sim.phases import Phase
 from plexrl.sim.service import SimJob, SimService
 from plexrl.sim.worker import SimWorker
-from plexrl.sim.workload import Job
+from plexrl.sim.workload import WorkloadJob
 
 
 class ScriptedJob(SimJob):
     """A controller whose single step is a fixed list of phases (a fake at the plan seam)."""
 
     def __init__(self, name: str, arrival: float, phases: list[Phase]):
-        super().__init__(Job(name=name, params_b=1, steps=1), 0, 0, None, arrival)
+        super().__init__(WorkloadJob(name=name, params_b=1, steps=1), 0, 0, None, arrival)
         self.script = phases
 
     def next_phases(self) -> list[Phase]:

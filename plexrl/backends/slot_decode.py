@@ -245,7 +245,7 @@ class Row:
 
 
 @dataclass
-class Pending:
+class Prefilled:
     """A request whose prompt is prefilled: its KV and last logits, until its rows are placed."""
 
     request: SampleRequest
@@ -288,7 +288,7 @@ class SlotBatch:
         self.filters = filters
         self.step = captured(self._step, device) if graph else self._step
 
-    def place(self, row: Row, pending: Pending) -> None:
+    def place(self, row: Row, pending: Prefilled) -> None:
         """Put `row` into its slot: its prompt's KV, its last logits and its params."""
         request, slot = pending.request, row.slot
         n = len(request.prompt)
@@ -352,7 +352,7 @@ def prefill_len(prompt: int, max_positions: int) -> int:
     return min(max_positions, -(-prompt // PREFILL_BUCKET) * PREFILL_BUCKET)
 
 
-def prefill(model: torch.nn.Module, requests: list[SampleRequest], length: int) -> list[Pending]:
+def prefill(model: torch.nn.Module, requests: list[SampleRequest], length: int) -> list[Prefilled]:
     """Prefill `requests` (prompts of prefill length `length`) in one forward: right-padded to
     `length`, each row attending causally to its own prompt only (eager attention, so the row
     depends on its own tokens and the fixed length, never on the other rows)."""
@@ -378,7 +378,7 @@ def prefill(model: torch.nn.Module, requests: list[SampleRequest], length: int) 
             prompt_logprobs = [None] + following.tolist()
         keys = [layer.keys[row:row + 1, :, :n] for layer in cache.layers]
         values = [layer.values[row:row + 1, :, :n] for layer in cache.layers]
-        pending.append(Pending(request, keys, values, logits[row, n - 1], prompt_logprobs))
+        pending.append(Prefilled(request, keys, values, logits[row, n - 1], prompt_logprobs))
     return pending
 
 
@@ -420,7 +420,7 @@ def sample_group(model: torch.nn.Module, requests: Sequence[SampleRequest], indi
     batch = SlotBatch(model, slots, length, max(r.params.max_tokens for r in group),
                       max(len(r.stop_token_ids) for r in group), filters, dtype, graph)
     waiting, free, running = list(rows), list(range(slots)), {}
-    prefilled: dict[int, Pending] = {}
+    prefilled: dict[int, Prefilled] = {}
     sequences = {i: [None] * requests[i].num_samples for i in indices}
     steps = 0
     while waiting or running:

@@ -26,7 +26,7 @@ from plexrl.errors import ConfigError
 from plexrl.sim.latency import job_costs
 from plexrl.sim.profiles import job_profile
 from plexrl.sim.simulate import MODES, simulate
-from plexrl.sim.workload import Job, SimCluster, Workload, load_cluster, load_workload
+from plexrl.sim.workload import WorkloadJob, SimCluster, Workload, load_cluster, load_workload
 
 NEVER_REFUSED = 1e3  # slack of every job: the placer co-places whatever fits in memory
 PERIODS = 25  # the horizon, in solo steps of the combination's slowest job
@@ -35,11 +35,11 @@ PLEXRL_MODES = tuple(m for m in MODES if m.startswith("plexrl"))
 _SET_HERE = {"name", "count", "arrival_s", "arrival_every_s", "slack", "steps"}
 
 
-def classes_by_size(workload: Workload, cluster: SimCluster) -> tuple[dict[int, list[Job]], list[str]]:
+def classes_by_size(workload: Workload, cluster: SimCluster) -> tuple[dict[int, list[WorkloadJob]], list[str]]:
     """The workload's job classes grouped by GPUs, those that fill whole nodes; and why the
     others are left out. Classes that differ only in when and how often they arrive, their slack
     and their steps (which this benchmark sets) count once, by their first name."""
-    sizes: dict[int, list[Job]] = defaultdict(list)
+    sizes: dict[int, list[WorkloadJob]] = defaultdict(list)
     skipped, seen = [], set()
     for job in workload.jobs:
         key = job.model_dump_json(exclude=_SET_HERE)
@@ -59,7 +59,7 @@ def one_group(cluster: SimCluster, gpus: int) -> SimCluster:
                                       "group_nodes": nodes})
 
 
-def run_combination(workload: Workload, cluster: SimCluster, combo: tuple[Job, ...], mode: str = MODE) -> dict:
+def run_combination(workload: Workload, cluster: SimCluster, combo: tuple[WorkloadJob, ...], mode: str = MODE) -> dict:
     """The jobs of `combo` alone on one node group in PlexRL mode `mode`: per job, predicted and
     realised inflation."""
     jobs = [spec.model_copy(update={"name": f"{spec.name}.{i}", "count": 1, "arrival_s": float(i),

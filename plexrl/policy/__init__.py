@@ -24,14 +24,14 @@ from plexrl.policy.profile import (
     resample,
     waited_s,
 )
-from plexrl.policy.resources import Node, NodeGroup, ResourceView
+from plexrl.policy.resources import NodeResources, NodeGroup, ResourceView
 from plexrl.policy.rollout_share import share_replicas
 from plexrl.policy.transitions import choose_window, plan_host_room, plan_load, plan_prefetch
 from plexrl.policy.types import LoadPlan, NoFit, ResidencyView, StateInfo, Tier, Transition, TransitionKind
 
 __all__ = [
     "MEASURED_STEPS", "Admission", "AdmissionQueue", "BandwidthEstimator", "DecodeEstimator", "DecodeModel", "ExecEstimator", "Ewma", "FirstFit",
-    "Forecast", "GroupQueue", "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "Node", "NodeGroup",
+    "Forecast", "GroupQueue", "Head", "Horizon", "JobProfile", "JobUsage", "Ledger", "LoadPlan", "ModelMemory", "NoFit", "NodeResources", "NodeGroup",
     "Placement", "Placer", "Policy", "ReadyQueue", "ResidencyView", "ResourceView", "StateInfo", "StepClock", "Tier", "Transition",
     "TransitionKind", "Wait", "Waiting", "average_demand", "choose", "choose_window", "drift", "drifted",
     "measured_inflation", "offload_estimate", "plan_host_room", "plan_load", "plan_prefetch", "priorities",

@@ -1,6 +1,6 @@
 """The cluster as the placer sees it: pods -> node groups -> nodes -> devices, and who sits where.
 
-Topology is frozen data (`Node`, `NodeGroup`); occupancy (host bytes committed per node, jobs
+Topology is frozen data (`NodeResources`, `NodeGroup`); occupancy (host bytes committed per node, jobs
 per device) lives in numpy arrays inside `ResourceView` so that checking 256 groups is a few
 vector operations.
 
@@ -38,7 +38,7 @@ from plexrl.policy.profile import JobProfile
 
 
 @dataclass(frozen=True)
-class Node:
+class NodeResources:
     name: str
     devices: tuple[int, ...]  # cluster-wide device ids
     device_bytes: int  # arena budget of each device
@@ -49,7 +49,7 @@ class Node:
 class NodeGroup:
     name: str
     pod: str
-    nodes: tuple[Node, ...]
+    nodes: tuple[NodeResources, ...]
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -107,7 +107,7 @@ class ResourceView:
                 for n in range(nodes_per_group):
                     devices = tuple(range(next_device, next_device + devices_per_node))
                     next_device += devices_per_node
-                    nodes.append(Node(f"pod{p}/g{g}/n{n}", devices, device_bytes, host_bytes))
+                    nodes.append(NodeResources(f"pod{p}/g{g}/n{n}", devices, device_bytes, host_bytes))
                 groups.append(NodeGroup(f"pod{p}/g{g}", f"pod{p}", tuple(nodes)))
         return cls(groups)
 

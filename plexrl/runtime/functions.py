@@ -14,7 +14,7 @@ boundaries by cloudpickle), and the front decodes each one once (`decode`) into 
 is what `run(state, payload)` gets. Every engine runs the same table.
 
 Node functions that produce something the front must route (a weight sync's snapshot) return
-it as data; the node itself carries out what spans states (`sync_weights`, see node.py).
+it as data; the node itself carries out what spans states (`sync_weights`, see weight_sync.py).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def _read_weights(s: ModelState, _: NoPayload):
 
 FUNCTIONS: dict[str, Function] = {
     "sample": Function(_sample, payload=SamplePayload),
-    "sample_batch": Function(_sample_batch, payload=BatchPayload),  # calls of BATCHED the node coalesced (node.py)
+    "sample_batch": Function(_sample_batch, payload=BatchPayload),  # calls of BATCHED the node coalesced (call_batching.py, step_runner.py)
     "compute_logprobs": Function(lambda s, p: execution.compute_logprobs(s.module, p.tokens, autocast=s.autocast),
                                  payload=LogprobsPayload),
     "forward_backward": Function(_forward_backward, writes=frozenset({Segment.GRADS}), payload=ForwardPayload),
@@ -177,7 +177,7 @@ FUNCTIONS: dict[str, Function] = {
     "save_state": Function(_save_state, Where.NODE, payload=CheckpointPayload),
     "load_state": Function(_load_state, Where.NODE, mutates=True, payload=CheckpointPayload),
     "read_weights": Function(_read_weights, Where.NODE),  # a copy of the weights, flat float32 (tests, tools)
-    "sync_weights": Function(None, Where.NODE, payload=SyncPayload),  # makes or updates a sampler snapshot: node.py
+    "sync_weights": Function(None, Where.NODE, payload=SyncPayload),  # makes or updates a sampler snapshot: weight_sync.py
 }
 
 

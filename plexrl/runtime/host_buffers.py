@@ -15,7 +15,7 @@ free bytes hold it and the untouched rest of this node's other buffers; else a C
 
 Torn writes: a worker writes a state's host copy back (write-through) with its device's byte of
 the node's `writeback.flags` file set, and clears it after; a worker found dead with its byte set
-died midway, so that host copy is torn and must not be restored from (node.py).
+died midway, so that host copy is torn and must not be restored from (worker_health.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A LoRA state's module is a skeleton whose base parameters and buffers *are* a sh
 Only the adapter's parameters are the state's own (`ModelState.params`): its flat memory is the
 usual [weights | grads | adam m | adam v] over them, so binding, switching, Adam steps and
 write-through run on the adapter alone. Who owns the shared base: a device worker's per-source
-template (device_worker.py), and the node's own copy for node functions (node.py).
+template (device_worker.py), and the node's own copy for node functions (node_models.py).
 
 Invariants:
 - the base is read-only: its parameters have requires_grad=False, and nothing writes them;

@@ -15,7 +15,7 @@ Where "auto" is decided (`resolve`): a node sizes its states, so it must know wh
 run on. The front resolves `torch_device` itself on the local and process engines (their workers
 run on its machine), and with it the precision. On Ray the workers resolve `torch_device` where
 they run (the driver may have no GPU), so the front hands "auto" on and each node asks its first
-worker what it runs on before it makes its first state (node.py). The workers of one node are on
+worker what it runs on before it makes its first state (node_models.py). The workers of one node are on
 one machine, so one answer holds for the node.
 
 TF32 (`set_tf32`, `computes_in_bf16`): a CUDA device worker lets float32 matmuls and convolutions

@@ -25,7 +25,7 @@ from plexrl.serve.bodies import LoadWeights, SaveForSampler, SaveWeights, user_m
 from plexrl.serve.futures import Outcome
 from plexrl.serve.limits import Limits
 from plexrl.serve.model_calls import ModelCalls
-from plexrl.serve.models import Model, Models, Placement, model_id
+from plexrl.serve.models import Model, Models, ModelSetup, model_id
 from plexrl.serve.refusals import NotFound
 from plexrl.serve.runs import Runs
 from plexrl.serve.sampling import Samplers, sync
@@ -104,7 +104,7 @@ class Checkpoints:
                           train_unembed=source.train_unembed) if source.lora_rank else None
         run = Run(model_id(session, body.model_seq_id), tenant, source.base_model, source.lora_rank, source.train_mlp,
                   source.train_attn, source.train_unembed, user_metadata=body.user_metadata or source.user_metadata)
-        return self.models.enqueue(session, body.model_seq_id, run, Placement(lora, record, body.with_optimizer))
+        return self.models.enqueue(session, body.model_seq_id, run, ModelSetup(lora, record, body.with_optimizer))
 
     def _load_into(self, tenant: str, body: LoadWeights) -> str:
         def call(model: Model) -> APIFuture:

@@ -45,7 +45,7 @@ class Model:
 
 
 @dataclass(frozen=True)
-class Placement:
+class ModelSetup:
     """What placing a new model takes: its LoRA (None: full parameters) and, for a model created
     from a checkpoint, the checkpoint and whether its optimizer state is loaded too."""
 
@@ -78,9 +78,9 @@ class Models:
         lora = body.lora
         run = Run(model_id(session, body.model_seq_id), tenant, body.base_model, lora.rank if lora else 0,
                   *_lora_flags(lora), user_metadata=body.user_metadata)
-        return self.enqueue(session, body.model_seq_id, run, Placement(lora))
+        return self.enqueue(session, body.model_seq_id, run, ModelSetup(lora))
 
-    def enqueue(self, session: Session, seq: int, run: Run, placement: Placement) -> str:
+    def enqueue(self, session: Session, seq: int, run: Run, placement: ModelSetup) -> str:
         """The request that creates model `seq` of `session` (from a checkpoint when the placement
         names one): its id, the same for a retried submission."""
         kind, waiting = (("create_model", "the model is placed") if placement.checkpoint is None
@@ -105,7 +105,7 @@ class Models:
             session.models[seq] = run.run_id
         return model
 
-    def _place(self, model: Model, placement: Placement, future: concurrent.futures.Future) -> None:
+    def _place(self, model: Model, placement: ModelSetup, future: concurrent.futures.Future) -> None:
         """On a service thread: add the model to the cluster (waiting for admission), load a
         checkpoint into it if asked, record its run, then let its queued calls go."""
         try:
@@ -121,7 +121,7 @@ class Models:
         model.sequencer.open()
         resolve(future, outcome)
 
-    def _load(self, model: Model, placement: Placement) -> None:
+    def _load(self, model: Model, placement: ModelSetup) -> None:
         session = self.sessions.get(model.session_id)
         if session is None or session.finished:
             raise Gone(f"session {model.session_id!r} finished while its model was being placed")

@@ -6,6 +6,6 @@ is the command line. Only execution is modelled (`latency.py`); decisions come f
 """
 
 from plexrl.sim.simulate import MODES, simulate
-from plexrl.sim.workload import Job, SimCluster, Workload, load_cluster, load_workload
+from plexrl.sim.workload import WorkloadJob, SimCluster, Workload, load_cluster, load_workload
 
-__all__ = ["MODES", "Job", "SimCluster", "Workload", "load_cluster", "load_workload", "simulate"]
+__all__ = ["MODES", "WorkloadJob", "SimCluster", "Workload", "load_cluster", "load_workload", "simulate"]

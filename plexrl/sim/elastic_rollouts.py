@@ -24,7 +24,7 @@ from plexrl.policy import share_replicas
 from plexrl.policy.types import Tier
 from plexrl.sim.group import Group
 from plexrl.sim.phases import Phase
-from plexrl.sim.rollout import Rollout, Segment
+from plexrl.sim.rollout import Rollout, RolloutSegment
 from plexrl.sim.worker import SimWorker, mark_used
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class ElasticRollouts:
         k_end, end = rollout.segment_end(now, switch_s, moving_s, len(units))
         token = self.segments
         self.segments += 1
-        rollout.segment = Segment(units, now, switch_s, moving_s, rollout.k, k_end, end, token)
+        rollout.segment = RolloutSegment(units, now, switch_s, moving_s, rollout.k, k_end, end, token)
         gpus = 0
         for unit in units:
             for w in unit:

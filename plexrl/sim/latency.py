@@ -42,7 +42,7 @@ from functools import cached_property
 import numpy as np
 
 from plexrl.policy import DecodeModel
-from plexrl.sim.workload import GB, Job, Rollout, SimCluster
+from plexrl.sim.workload import GB, WorkloadJob, RolloutShape, SimCluster
 
 BYTES_PER_WEIGHT = 2
 BYTES_PER_TRAIN_PARAM = 16
@@ -100,7 +100,7 @@ def gpu_arena_bytes(cluster: SimCluster) -> int:
     return int(dev.memory_gb * GB * dev.usable_fraction)
 
 
-def job_costs(job: Job, cluster: SimCluster, train_gpus: int | None = None) -> JobCosts:
+def job_costs(job: WorkloadJob, cluster: SimCluster, train_gpus: int | None = None) -> JobCosts:
     """Costs of `job` on `cluster`; the training state is sharded over `train_gpus` GPUs
     (default: all the job's GPUs)."""
     dev = cluster.device
@@ -122,7 +122,7 @@ def job_costs(job: Job, cluster: SimCluster, train_gpus: int | None = None) -> J
     )
 
 
-def sample_lengths(rollout: Rollout, n: int, rng: np.random.Generator) -> np.ndarray:
+def sample_lengths(rollout: RolloutShape, n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` response lengths from the Gaussian mixture, clipped to [1, max_tokens]."""
     cumulative = np.cumsum(rollout.length_weights)
     u = rng.random(n)

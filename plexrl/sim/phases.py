@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from plexrl.sim.latency import JobCosts, consolidated_rows, decode_rows, sample_lengths
-from plexrl.sim.workload import Job
+from plexrl.sim.workload import WorkloadJob
 
 SAMPLER, REF, TRAINER = "sampler", "ref", "trainer"
 MAIN, REFILL = 0, 1  # `Phase.part`: a sample phase decodes the step's responses (per turn), or its refill
@@ -48,7 +48,7 @@ class Phase(NamedTuple):  # immutable; a tuple because every step of every job b
     part: int = -1  # sample phases: whose lengths they decode, the step's responses (0) or its refill (1)
 
 
-def states_of(job: Job) -> tuple[str, ...]:
+def states_of(job: WorkloadJob) -> tuple[str, ...]:
     return (SAMPLER, REF, TRAINER) if job.algorithm == "grpo" else (SAMPLER, TRAINER)
 
 
@@ -69,7 +69,7 @@ class StepDraws:
     reward_factor: float  # multiplies the job's reward_s
 
 
-def draw_block(job: Job) -> int:
+def draw_block(job: WorkloadJob) -> int:
     return min(DRAW_BLOCK, job.steps)
 
 
@@ -105,7 +105,7 @@ class DrawBlock:
                          tuple(d.reward_factor for d in steps))
 
 
-def draw_rows(job: Job, rng: np.random.Generator) -> DrawBlock:
+def draw_rows(job: WorkloadJob, rng: np.random.Generator) -> DrawBlock:
     """The draws of the job's next `draw_block(job)` steps."""
     r, k = job.rollout, draw_block(job)
     lengths = sample_lengths(r, k * r.responses, rng).reshape(k, r.responses)
@@ -118,18 +118,18 @@ def draw_rows(job: Job, rng: np.random.Generator) -> DrawBlock:
     return DrawBlock(lengths, tools, refills, tuple(reward.tolist()))
 
 
-def draw_steps(job: Job, rng: np.random.Generator) -> list[StepDraws]:
+def draw_steps(job: WorkloadJob, rng: np.random.Generator) -> list[StepDraws]:
     """`draw_rows`, step by step."""
     block = draw_rows(job, rng)
     return [block.step(i) for i in range(len(block))]
 
 
-def first_step(job: Job, seed: int, job_index: int) -> StepDraws:
+def first_step(job: WorkloadJob, seed: int, job_index: int) -> StepDraws:
     return draw_steps(job, job_rng(seed, job_index))[0]
 
 
 def plan_step(
-    job: Job,
+    job: WorkloadJob,
     costs: JobCosts,
     draws: StepDraws,
     rollout_gpus: int,
@@ -142,7 +142,7 @@ def plan_step(
 
 
 def plan_steps(
-    job: Job,
+    job: WorkloadJob,
     costs: JobCosts,
     draws: DrawBlock,
     rollout_gpus: int,
@@ -220,7 +220,7 @@ class StepPlans:
         self._plans: dict[tuple, list[list[Phase]]] = {}
         self._draws: dict[tuple, _JobDraws] = {}
 
-    def step(self, job: Job, seed: int, index: int, costs: JobCosts, step: int,
+    def step(self, job: WorkloadJob, seed: int, index: int, costs: JobCosts, step: int,
              rollout_gpus: int, train_gpus: int, consolidate_tail: bool) -> list[Phase]:
         """The phases of `job`'s step `step` (0-based), planned as `plan_step` would."""
         key = (seed, index, job.name, costs, rollout_gpus, train_gpus, consolidate_tail)
@@ -235,13 +235,13 @@ class StepPlans:
                                 rollout_gpus, train_gpus, consolidate_tail)
         return steps[step]
 
-    def draws(self, job: Job, seed: int, index: int, step: int) -> StepDraws:
+    def draws(self, job: WorkloadJob, seed: int, index: int, step: int) -> StepDraws:
         """What `job` draws for its step `step`: its own generator's blocks, in step order."""
         size = draw_block(job)
         block = self._job_draws(job, seed, index, step // size).blocks[step // size]
         return block.rows(step % size, step % size + 1, np.float64).step(0)
 
-    def _job_draws(self, job: Job, seed: int, index: int, block: int) -> _JobDraws:
+    def _job_draws(self, job: WorkloadJob, seed: int, index: int, block: int) -> _JobDraws:
         """The job's draws, drawn up to block `block` at least."""
         draws = self._draws.get((seed, index, job.name))
         if draws is None:
@@ -252,7 +252,7 @@ class StepPlans:
         return draws
 
 
-def part_lengths(job: Job, draws: StepDraws, part: int) -> np.ndarray:
+def part_lengths(job: WorkloadJob, draws: StepDraws, part: int) -> np.ndarray:
     """The lengths a sample phase of `part` decodes in one turn (what `plan_steps` deals)."""
     if part == REFILL:
         return draws.refill
@@ -260,7 +260,7 @@ def part_lengths(job: Job, draws: StepDraws, part: int) -> np.ndarray:
     return draws.lengths if turns == 1 else draws.lengths / turns
 
 
-def _length_type(job: Job) -> type:
+def _length_type(job: WorkloadJob) -> type:
     return np.uint16 if job.rollout.max_tokens <= np.iinfo(np.uint16).max else np.float64
 
 

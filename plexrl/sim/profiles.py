@@ -13,7 +13,7 @@ import numpy as np
 from plexrl.policy.profile import JobProfile, ModelMemory
 from plexrl.sim.latency import JobCosts
 from plexrl.sim.phases import Phase, StepPlans, first_step, plan_step, states_of
-from plexrl.sim.workload import Job
+from plexrl.sim.workload import WorkloadJob
 
 SLOTS = 64
 
@@ -40,14 +40,14 @@ def demand_per_slot(phases: list[Phase], slots: int = SLOTS) -> tuple[np.ndarray
     return np.diff(busy_before) / np.diff(edges), period
 
 
-def state_bytes(job: Job, costs: JobCosts) -> dict[str, int]:
+def state_bytes(job: WorkloadJob, costs: JobCosts) -> dict[str, int]:
     sizes = {"sampler": costs.sampler_bytes, "ref": costs.ref_bytes, "trainer": costs.trainer_bytes}
     return {s: sizes[s] for s in states_of(job)}
 
 
-def model_memory(job: Job, costs: JobCosts) -> tuple[ModelMemory, ...]:
+def model_memory(job: WorkloadJob, costs: JobCosts) -> tuple[ModelMemory, ...]:
     """What the placer counts of each state: the sampler's host copy is its trainer's weights
-    (not stored twice); a reference of a named base checkpoint (`Job.base`) is one shared
+    (not stored twice); a reference of a named base checkpoint (`WorkloadJob.base`) is one shared
     copy of the weights per node, for every job of that base there."""
     models = []
     for name, nbytes in state_bytes(job, costs).items():
@@ -60,7 +60,7 @@ def model_memory(job: Job, costs: JobCosts) -> tuple[ModelMemory, ...]:
     return tuple(models)
 
 
-def job_profile(job: Job, costs: JobCosts, seed: int, index: int, consolidate_tail: bool = False,
+def job_profile(job: WorkloadJob, costs: JobCosts, seed: int, index: int, consolidate_tail: bool = False,
                 plans: StepPlans | None = None, elastic: bool = False) -> JobProfile:
     """`plans`, when given, supplies the first step (the same phases, planned once for every mode).
     `elastic`: its rollouts are elastic when it shares (`sim/rollout.py`), so the profile says

@@ -9,7 +9,7 @@ set changes as its co-tenants' calls and rollouts come and go (`elastic_rollouts
 `policy.share_replicas`): it starts on the replicas no call runs on or waits for (it does not
 wait for all of them), grows onto replicas that free up, and gives some up to a co-tenant's
 rollout that begins. Device functions are neither preempted by it nor overtaken: a call that
-needs a replica a rollout holds waits for that stretch of the rollout (a `Segment`) to end, at
+needs a replica a rollout holds waits for that stretch of the rollout (a `RolloutSegment`) to end, at
 the turn's end, its consolidation cut or the next sharing out.
 
 Decoding (the same model as `latency`): every live response advances one token per decode
@@ -82,7 +82,7 @@ class Decode:
         return min(limit, base_k + (target - base_v) / slope)
 
 
-class Segment:
+class RolloutSegment:
     """A stretch of a rollout on a fixed set of replicas, from `start` to at most `end`: its
     sampler loads where it is not resident (`switch_s`), its live responses move (`moving_s`),
     then it decodes from step `k0` towards `k_end`. `token` tells its end event from a stale one."""
@@ -115,7 +115,7 @@ class Rollout:
         self.cut = (tail_cut(decode.lengths, job.costs.tail_batch * TAIL_REPLICAS)
                     if len(units) > TAIL_REPLICAS else None)
         self.started, self.solo_s = started, solo_s
-        self.segment: Segment | None = None
+        self.segment: RolloutSegment | None = None
         self.kv_units: tuple = ()  # the units its live responses were last spread over
 
     @property

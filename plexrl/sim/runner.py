@@ -22,15 +22,15 @@ from plexrl.sim.phases import StepPlans
 from plexrl.sim.placement_memo import PlacementMemo
 from plexrl.sim.service import SimJob, SimService
 from plexrl.sim.worker import SimWorker
-from plexrl.sim.workload import GB, Job, SimCluster, Workload
+from plexrl.sim.workload import GB, WorkloadJob, SimCluster, Workload
 
 
-def expand_jobs(workload: Workload) -> list[Job]:
-    """One `Job` per copy, named `name-i` when count > 1, with its arrival time. Poisson arrivals
+def expand_jobs(workload: Workload) -> list[WorkloadJob]:
+    """One `WorkloadJob` per copy, named `name-i` when count > 1, with its arrival time. Poisson arrivals
     (`PoissonArrivals`) go to the copies in an order drawn after the gaps (`mixed`), so a listed
     order and a mixed one see the same arrival times."""
     rng = np.random.default_rng((workload.seed, 0xA11))
-    jobs: list[Job] = []
+    jobs: list[WorkloadJob] = []
     for spec in workload.jobs:
         for i in range(spec.count):
             name = spec.name if spec.count == 1 else f"{spec.name}-{i}"
@@ -152,10 +152,10 @@ class Mode:
             w.add_state(job.state_id(state), job.name, nbytes, host, loaded, read_only=state != "trainer")
         job.hold(state, workers)
 
-    def costs_for(self, job: Job):
+    def costs_for(self, job: WorkloadJob):
         return job_costs(job, self.cluster)
 
-    def gpus_of(self, job: Job) -> int:
+    def gpus_of(self, job: WorkloadJob) -> int:
         """GPUs the mode gives the job (reserved by the baselines)."""
         return job.gpus
 

@@ -45,14 +45,14 @@ from plexrl.sim.latency import JobCosts
 from plexrl.sim.phases import Phase, StepPlans, part_lengths, solo_step_s
 from plexrl.sim.rollout import Decode
 from plexrl.sim.worker import KIND_NAME, SimRequest, SimWorker, mark_used
-from plexrl.sim.workload import Job
+from plexrl.sim.workload import WorkloadJob
 
 DEVICE = Tier.DEVICE
 
 
 @dataclass(eq=False)
 class SimJob:
-    spec: Job
+    spec: WorkloadJob
     index: int
     seed: int
     costs: JobCosts

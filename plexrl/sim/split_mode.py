@@ -13,7 +13,7 @@ from plexrl.sim.latency import job_costs
 from plexrl.sim.phases import REF, SAMPLER, TRAINER, states_of
 from plexrl.sim.runner import Mode
 from plexrl.sim.service import SimJob
-from plexrl.sim.workload import Job
+from plexrl.sim.workload import WorkloadJob
 
 
 def pool_sizes(replicas: int, tp: int, train_state_bytes: int, gpu_bytes: int) -> tuple[int, int]:
@@ -30,14 +30,14 @@ class SplitMode(Mode):
         super().__init__(*args, **kwargs)
         self.free_gpus = self.cluster.gpus
 
-    def pools(self, job: Job) -> tuple[int, int]:
+    def pools(self, job: WorkloadJob) -> tuple[int, int]:
         whole = job_costs(job, self.cluster, train_gpus=1)
         return pool_sizes(job.dp, job.tp, whole.trainer_bytes, whole.gpu_bytes)
 
-    def costs_for(self, job: Job):
+    def costs_for(self, job: WorkloadJob):
         return job_costs(job, self.cluster, train_gpus=self.pools(job)[1])
 
-    def gpus_of(self, job: Job) -> int:
+    def gpus_of(self, job: WorkloadJob) -> int:
         return sum(self.pools(job))
 
     def place(self, job: SimJob) -> bool:

@@ -60,7 +60,7 @@ class SimCluster(Strict):
             )
         return self
 
-    def check_job(self, job: "Job") -> None:
+    def check_job(self, job: "WorkloadJob") -> None:
         """A model replica (tp GPUs) never spans two nodes, and a job fits one node group."""
         if self.gpus_per_node % job.tp:
             raise ConfigError(
@@ -84,7 +84,7 @@ class SimCluster(Strict):
         return self.gpus // self.group_gpus
 
 
-class Rollout(Strict):
+class RolloutShape(Strict):
     prompts: int = Field(256, ge=1, description="prompts per step")
     samples: int = Field(8, ge=1, description="responses per prompt")
     prompt_tokens: int = Field(512, ge=0)
@@ -99,7 +99,7 @@ class Rollout(Strict):
     refill_fraction: float = Field(0.0, ge=0, lt=1, description="DAPO dynamic sampling: share of prompts resampled")
 
     @model_validator(mode="after")
-    def _mixture_consistent(self) -> "Rollout":
+    def _mixture_consistent(self) -> "RolloutShape":
         n = len(self.length_weights)
         if n == 0 or len(self.length_means) != n or len(self.length_stds) != n:
             raise ValueError("length_weights, length_means and length_stds must have the same, non-zero length")
@@ -112,7 +112,7 @@ class Rollout(Strict):
         return self.prompts * self.samples
 
 
-class Job(Strict):
+class WorkloadJob(Strict):
     name: str
     count: int = Field(1, ge=1, description="copies of this job (named name-0, name-1, ...)")
     algorithm: Literal["grpo", "dapo"] = "grpo"
@@ -124,7 +124,7 @@ class Job(Strict):
     arrival_s: float = Field(0.0, ge=0)
     arrival_every_s: float = Field(0.0, ge=0, description="copies arrive this far apart")
     slack: float = Field(0.10, ge=0, description="tolerated step-time slowdown (0.1 = 10%)")
-    rollout: Rollout = Rollout()
+    rollout: RolloutShape = RolloutShape()
     reward_s: float = Field(10.0, ge=0, description="device-idle reward/sandbox time per step")
     kv_cache_fraction: float = Field(0.3, ge=0, lt=1, description="share of a GPU's arena the sampler reserves for KV")
     weight_sync_s: float | None = Field(None, ge=0, description="default: interpolated from published 7B/30B/235B figures")
@@ -141,7 +141,7 @@ class Job(Strict):
 
 
 class PoissonArrivals(Strict):
-    """Job copies arrive as a Poisson process of `rate_per_h`. `order`: which copy takes each
+    """WorkloadJob copies arrive as a Poisson process of `rate_per_h`. `order`: which copy takes each
     arrival: `mixed` (default), the copies in an order drawn from the workload's seed, so the
     classes interleave as in a queue many users submit to; `listed`, the copies in the file's
     order, class after class (the first arrivals are all of the first job listed)."""
@@ -161,7 +161,7 @@ class Workload(Strict):
         PACKING_PAYS, ge=0, description="the operator's placement setting (as `ClusterConfig.pack_limit`): the "
         "largest step slowdown a shared placement judges jobs by (they all end); null: each job's own slack "
         "(overridable by --pack-limit)")
-    jobs: list[Job] = Field(min_length=1)
+    jobs: list[WorkloadJob] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "Workload":
