@@ -39,7 +39,7 @@ demo: install
 
 # pytest exits 5 when it collected nothing: that is a failure, not a pass.
 test: install
-	$(BIN)/python -m pytest -q; status=$$?; \
+	$(BIN)/python -m pytest -q --durations=30; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest ran no tests" >&2; exit 1; fi; exit $$status
 
 # The README's dashboard screenshot, taken by the dashboard's own browser test while two tenants train.

@@ -55,7 +55,7 @@ REQUEST = st.tuples(st.lists(st.integers(4, 80), min_size=1, max_size=40), st.in
                     st.integers(0, 2**64 - 1))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(REQUEST, min_size=1, max_size=7), st.sampled_from([8 * slot_decode.CACHE_MIN, slot_decode.DEFAULT_KV_TOKENS]),
        st.randoms(use_true_random=False))
 def test_rows_do_not_depend_on_their_batch(micro, requests, kv_tokens, rng):
