@@ -42,6 +42,7 @@ class Horizon:
         self._table: _JobTable | None = None  # flat copy of _jobs for advance; None when stale
         self._order: dict[str, int] = {}  # job -> when it came (the order of _jobs), for `remove`
         self._added = 0
+        self.version = 0  # moves on with every change of `load` (caches of it are keyed by it)
 
     def project(self, profile: JobProfile, anchor_s: float, first_slot: int, n: int) -> np.ndarray:
         """Mean busy devices of `profile` anchored at `anchor_s` over absolute slots
@@ -67,6 +68,7 @@ class Horizon:
         entered = min(start - self.origin, self.slots)
         self.origin = start
         if entered:
+            self.version += 1
             self._recompute(first_slot=start + self.slots - entered, n=entered)
 
     def add(self, job: str, rows: int | Sequence[int], profile: JobProfile, anchor_s: float) -> None:
@@ -77,6 +79,7 @@ class Horizon:
         if not rows or len(set(rows)) != len(rows):
             raise ValueError(f"job {job!r}: rows must be distinct and non-empty, got {rows}")
         self._jobs[job] = (rows, profile, anchor_s)
+        self.version += 1
         self._order[job] = self._added = self._added + 1
         for row in rows:
             self._on_row.setdefault(row, {})[job] = None
@@ -91,6 +94,7 @@ class Horizon:
         """Take `job` off; its rows are rebuilt from the remaining jobs (no subtraction residue)."""
         rows, _, _ = self._jobs.pop(job)
         del self._order[job]
+        self.version += 1
         for row in rows:
             del self._on_row[row][job]
         del self._cumulative[job]
