@@ -10,7 +10,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("plexrl.rl.demo", "main", "run three RL jobs multiplexed vs dedicated and compare"),
     "run": ("plexrl.rl.jobs_file", "main", "run the jobs described in a YAML file"),
-    "bench": ("plexrl.bench", "main", "benchmarks: switch, dispatch, placement, cotenancy, faults"),
+    "bench": ("plexrl.bench", "main", "benchmarks: switch, dispatch, placement, scale, cotenancy, faults"),
     "sim": ("plexrl.sim.cli", "main", "simulate a workload on a cluster at scale"),
     "serve": ("plexrl.serve.server", "main", "a Tinker-compatible network service (the Tinker SDK talks to it)"),
     "trace": ("plexrl.observe.perfetto", "main", "an event log as a Chrome/Perfetto trace (ui.perfetto.dev)"),

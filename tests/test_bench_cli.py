@@ -122,3 +122,15 @@ def test_bench_serve_json(capsys):
 def test_unknown_command_is_a_clear_error(capsys):
     assert main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+def test_bench_scale_json(capsys, tmp_path):
+    plot = tmp_path / "scale.png"
+    out = run_json(capsys, ["bench", "scale", "--json", "--sizes", "256", "--hours", "0.25", "--plot", str(plot)])
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert set(rows) == {"colocated", "plexrl"} and all(r["gpus"] == 256 for r in rows.values())
+    assert rows["plexrl"]["jobs"] == 30, "scale-10k's 1,200 jobs cut to 256 of its 10,240 GPUs"
+    assert all(r["events"] > 0 and r["wall_s"] > 0 for r in rows.values())
+    assert rows["plexrl"]["decisions"] >= 1 and rows["plexrl"]["decision_ms_p99"] > 0
+    assert "decisions" not in rows["colocated"], "only a placer's decisions are timed"
+    assert plot.stat().st_size > 0 and out["plot"] == str(plot)

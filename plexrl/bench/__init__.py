@@ -11,6 +11,7 @@ BENCHES = {
     "sample": "plexrl.bench.sample",
     "dispatch": "plexrl.bench.dispatch",
     "placement": "plexrl.bench.placement",
+    "scale": "plexrl.bench.scale",
     "cotenancy": "plexrl.bench.cotenancy",
     "faults": "plexrl.bench.faults",
     "serve": "plexrl.bench.serve",

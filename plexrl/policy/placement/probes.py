@@ -33,6 +33,27 @@ class ProbeBounds:
 
     def __init__(self, view: ResourceView, horizon: Horizon):
         self.view, self.horizon = view, horizon
+        self._maxima: tuple[int, np.ndarray] = (-1, np.zeros(0))  # (horizon version, column maxima per group)
+        self._known = np.zeros(0, dtype=bool)  # groups whose maxima hold for that version
+
+    def column_maxima(self, groups: list[int]) -> np.ndarray:
+        """[i, c]: the largest load on the rows of groups[i] in column c, each group's reduced
+        once per change of the horizon's load (`Horizon.version`): the decisions asked at one
+        time (a queue retried on a release) probe the same groups."""
+        h = self.horizon
+        if self._maxima[0] != h.version:
+            self._maxima = (h.version, np.zeros((len(self.view.group_rows), h.slots)))
+            self._known = np.zeros(len(self.view.group_rows), dtype=bool)
+        maxima = self._maxima[1]
+        missing = [g for g in groups if not self._known[g]]
+        if missing:
+            sizes = {b - a for a, b in self.view.group_rows}
+            if len(sizes) == 1:  # groups of one size: a view of the load by group
+                maxima[missing] = h.load.reshape(len(maxima), sizes.pop(), -1)[missing].max(axis=1)
+            else:
+                maxima[missing] = [h.load[slice(*self.view.group_rows[g])].max(axis=0) for g in missing]
+            self._known[missing] = True
+        return maxima[groups]
 
     def may_score_zero(self, groups: list[int], share: np.ndarray, profile: JobProfile,
                        cool_rows: np.ndarray) -> np.ndarray:
@@ -81,11 +102,14 @@ class ProbeBounds:
         spans = [self.view.group_rows[g] for g in groups]
         rows = np.concatenate([np.arange(a, b) for a, b in spans])
         warm = ~cool_rows[rows]
-        load = self.horizon.load[rows[warm]]
-        peak, threshold = share.max(), 1.0 + TINY
-        # a column is hot on some row iff on the row with its largest load (adding is monotone)
-        cols = pick(np.flatnonzero(load.max(axis=0, initial=-np.inf) + peak > threshold))
-        at = load[:, cols]
+        load, peak, threshold = self.horizon.load, share.max(), 1.0 + TINY
+        # a column is hot on some row iff on the row with its largest load (adding is monotone);
+        # a cool row's cells are all at most its largest, which cannot overload, so the largest
+        # over all the groups' rows (slice by slice, nothing gathered) is hot exactly where the
+        # largest over the warm rows is
+        top = self.column_maxima(groups).max(axis=0)
+        cols = pick(np.flatnonzero(top + peak > threshold))
+        at = load[np.ix_(rows[warm], cols)]
         return spans, warm, np.where(at + peak > threshold, 1.0 - at, np.inf), cols
 
 

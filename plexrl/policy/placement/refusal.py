@@ -52,22 +52,31 @@ class RefusalBound:
             return None
         limit = self.judgement.limit(profile, self.tenancy.open_ended == 0)  # at least what judging allows anywhere
         barred: dict[str, bool] = {}
-        cells: dict[tuple[str, ...], tuple[Cell, str | None]] = {}  # a row's jobs -> (cell, barring job)
+        cells: dict[tuple[str, ...], Cell] = {}  # a row's jobs -> its cell
+        hurt_by: dict[tuple[str, ...], str | None] = {}  # a row's jobs -> the first of them it would push too far
         units = self.view.units_per_node(profile)
-        least, tenant = math.inf, ""  # the least bound of groups refused for the newcomer's own inflation
+        least = math.inf  # the least bound of groups refused for the newcomer's own inflation
         hurts = mixed = False  # some group refused for a co-tenant's sake; for one reason or the other
+        visited = []
         for g in groups:
-            every, unbarred, hurt = self._group_cells(profile, int(g), units, cells, barred)
-            tenant = tenant or (hurt or "")
-            bound = self._own_bound(profile, every)
-            if bound > limit + 1e-9:
+            runs = self._group_runs(profile, int(g), units, cells)
+            visited.append(runs)
+            bound = self._own_bound(profile, [cells[names] for names, rows in runs for _ in range(rows)])
+            if bound > limit + 1e-9:  # refused for its own inflation, whoever would be barred
                 least = min(least, bound)
-            elif self._own_bound(profile, unbarred) <= limit + 1e-9:
+                continue
+            unbarred = [cells[names] for names, rows in runs if self._hurt(profile, names, hurt_by, barred) is None
+                        for _ in range(rows)]
+            if self._own_bound(profile, unbarred) <= limit + 1e-9:
                 return None
             elif len(unbarred) < profile.devices:
                 hurts = True
             else:
                 mixed = True
+        tenant = ""  # named only for a co-tenant's sake: the first barring job, in the order of the groups
+        if hurts or mixed:
+            tenant = next((job for runs in visited for names, _ in runs
+                           if (job := self._hurt(profile, names, hurt_by, barred)) is not None), "")
         return self._refusal(profile, limit, least, tenant, hurts, mixed)
 
     def no_place_beside_itself(self, profile: JobProfile) -> bool:
@@ -78,28 +87,32 @@ class RefusalBound:
         groups = self.view.feasible_groups(twin)
         return len(groups) == 0 or self.refused_everywhere(twin, groups) is not None
 
-    def _group_cells(self, profile: JobProfile, g: int, units: np.ndarray,
-                     cells: dict[tuple[str, ...], tuple[Cell, str | None]],
-                     barred: dict[str, bool]) -> tuple[list[Cell], list[Cell], str | None]:
-        """(a cell per usable row of group `g`, those of its unbarred rows, the first barring
-        job), with `cells` and `barred` kept across the groups of one decision."""
+    def _group_runs(self, profile: JobProfile, g: int, units: np.ndarray,
+                    cells: dict[tuple[str, ...], Cell]) -> list[tuple[tuple[str, ...], int]]:
+        """(the jobs of a row, how many rows carry them) for the usable rows of group `g`, with
+        each distinct row's cell in `cells`, kept across the groups of one decision (rows with
+        the same jobs wait alike and are barred alike)."""
         first = int(self.view.group_first_node[g])
-        every, unbarred, first_hurt = [], [], None
+        runs = []
         for node in range(first, first + len(self.view.groups[g].nodes)):
             if units[node] <= 0:
                 continue
             for names, rows in self.tenancy.tenancies(node):
-                if names not in cells:  # rows with the same jobs wait alike and are barred alike
+                if names not in cells:
                     tenants = [self.tenancy.placed[j].profile for j in names]
-                    cell = (sum(least_wait(profile, t) for t in tenants), interleave(profile, tenants, margin=1e-9))
-                    cells[names] = cell, next((j for j in names if self._bars(profile, j, barred)), None)
-                cell, hurt = cells[names]
-                every += [cell] * rows
-                if hurt is None:
-                    unbarred += [cell] * rows
-                else:
-                    first_hurt = first_hurt or hurt
-        return every, unbarred, first_hurt
+                    cells[names] = (sum(least_wait(profile, t) for t in tenants),
+                                    interleave(profile, tenants, margin=1e-9))
+                runs.append((names, rows))
+        return runs
+
+    def _hurt(self, profile: JobProfile, names: tuple[str, ...], hurt_by: dict[tuple[str, ...], str | None],
+              barred: dict[str, bool]) -> str | None:
+        """The first of a row's jobs `names` that bars the row (`_bars`), asked only where the
+        answer matters (a group not refused for the newcomer's own inflation, or the name of
+        a refusal), memoised in `hurt_by` for one decision."""
+        if names not in hurt_by:
+            hurt_by[names] = next((j for j in names if self._bars(profile, j, barred)), None)
+        return hurt_by[names]
 
     @staticmethod
     def _refusal(profile: JobProfile, limit: float, least: float, tenant: str, hurts: bool, mixed: bool) -> Wait:

@@ -126,14 +126,13 @@ class DeviceSearch:
         """Each row's summed load and its largest cell: `load.sum(axis=1)` and `load.max(axis=1)`
         bit for bit (each row reduced alone, the same way), passing over occupied rows only
         (an empty row holds only 0.0): by runs of consecutive ones (packing keeps them few),
-        or as one gathered copy when they are fragmented."""
+        or, when they are fragmented, over every row in place (an empty row sums to 0.0 and
+        peaks at 0.0, as it is left; copying the occupied rows out first cost more)."""
         load, occupied = self.horizon.load, self.tenancy.row_jobs > 0
-        sums, maxima = np.zeros(len(load)), np.zeros(len(load))
         runs = np.flatnonzero(np.diff(occupied, prepend=False, append=False)).reshape(-1, 2)
         if len(runs) > _MAX_RUNS:
-            rows = np.flatnonzero(occupied)
-            sums[rows], maxima[rows] = load[rows].sum(axis=1), load[rows].max(axis=1)
-            return sums, maxima
+            return load.sum(axis=1), load.max(axis=1)
+        sums, maxima = np.zeros(len(load)), np.zeros(len(load))
         for a, b in runs.tolist():
             sums[a:b], maxima[a:b] = load[a:b].sum(axis=1), load[a:b].max(axis=1)
         return sums, maxima

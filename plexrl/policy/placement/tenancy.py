@@ -124,9 +124,13 @@ class Tenancy:
             rows = [r for g in groups for r in range(*self.view.group_rows[g])]
         found: dict[str, list] = {}
         for row in rows:
-            for job, profile, _, _ in self.horizon.jobs_on(row):
+            for job in self.horizon.names_on(row):  # the horizon holds each with its placed profile
                 if job != exclude:
-                    found.setdefault(job, [profile, 0])[1] += 1
+                    entry = found.get(job)
+                    if entry is None:
+                        found[job] = [self.placed[job].profile, 1]
+                    else:
+                        entry[1] += 1
         return {job: (profile, n / len(rows)) for job, (profile, n) in found.items()}
 
     def tenants_end(self, rows: list[int]) -> bool:
