@@ -6,8 +6,8 @@ this output before and after.
 
     python scripts/sim_digest.py [WORKLOAD ...] [--modes colocated,plexrl,...] [--processes N]
 
-Default: every workload in plexrl/sim/workloads/ (on its own cluster) and every default mode plus
-the `alone` bound.
+Default: every workload in plexrl/sim/workloads/ (on its own cluster) but those in `DAY_LONG`,
+whose every mode takes minutes (name them, or pass --all), and every default mode plus the `alone` bound.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from plexrl.sim.workload import load_cluster, load_workload
 
 WALL_CLOCK = {"wall_s", "events_per_s", "events_per_process_s"}
 WORKLOADS = Path(__file__).resolve().parent.parent / "plexrl" / "sim" / "workloads"
+DAY_LONG = ("scale-10k",)  # 10,240 GPUs for a day: minutes per mode, not part of a quick before/after
 
 
 def _digest(value) -> str:
@@ -38,8 +39,9 @@ def main() -> None:
     parser.add_argument("workloads", nargs="*", help="shipped names or paths (default: every shipped workload)")
     parser.add_argument("--modes", default=",".join((*MODES, *BOUNDS)))
     parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--all", action="store_true", help=f"the day-long workloads {DAY_LONG} too")
     args = parser.parse_args()
-    names = args.workloads or sorted(p.stem for p in WORKLOADS.glob("*.yaml"))
+    names = args.workloads or sorted(p.stem for p in WORKLOADS.glob("*.yaml") if args.all or p.stem not in DAY_LONG)
     for name in names:
         workload = load_workload(name)
         t0 = time.perf_counter()
