@@ -125,7 +125,7 @@ def _inflations(jobs: tuple[JobProfile, ...], memo: dict) -> list[float]:
             without = _inflations(others, memo)  # the others as x finds them
             wait = sum(wait_s(job, t, 1 / (1 + i), _queued_ahead(t, i)) for t, i in zip(others, without))
             out.append(wait / job.period_s)
-    out = _conserving([_busy_s(j) / j.period_s for j in jobs], out, 1.0)
+    out = _conserving([busy_s(j) / j.period_s for j in jobs], out, 1.0)
     if len(memo) >= _MEMO_ENTRIES:
         memo.clear()
     memo[key] = (jobs, out)
@@ -185,7 +185,7 @@ def _queued_ahead(job: JobProfile, inflation: float) -> float:
 
 def _mean_phase_s(job: JobProfile) -> float:
     """Seconds of one of the job's phases on a device, on average (busy time per barrier)."""
-    return _busy_s(job) / job.barriers
+    return busy_s(job) / job.barriers
 
 
 def pooled_inflation(profile: JobProfile, tenants, devices: int) -> float:
@@ -235,7 +235,7 @@ def _occupancy(profile: JobProfile) -> np.ndarray:
 
 def _mean_rest_s(profile: JobProfile) -> float:
     """The mean rest of the job's call found running at a random moment: sum r^2 / (2 sum r)."""
-    busy = _busy_s(profile)
+    busy = busy_s(profile)
     return profile.residual_s * profile.period_s / busy if busy > 0 else 0.0
 
 
@@ -247,11 +247,11 @@ def interleave(profile: JobProfile, tenants: list[JobProfile], margin: float = 0
     not two of them, ran 46% slow where pairwise fits predicted 0-11%). Two jobs may take turns
     whenever their shares fit (`_pair_inflations`)."""
     jobs = [profile, *tenants]
-    if sum(_busy_s(j) / j.period_s for j in jobs) > 1.0 + margin:
+    if sum(busy_s(j) / j.period_s for j in jobs) > 1.0 + margin:
         return False
     if len(jobs) == 2:
         return True
-    busy = [_busy_s(j) for j in jobs]
+    busy = [busy_s(j) for j in jobs]
     total = sum(busy)
     return all(total - mine <= _idle_gap_s(j) for j, mine in zip(jobs, busy))
 
@@ -270,7 +270,7 @@ def _pair_inflations(a: JobProfile, b: JobProfile) -> tuple[float, float]:
     at_random = (wait_s(a, b) / a.period_s, wait_s(b, a) / b.period_s)
     if not interleave(a, [b]):
         return at_random
-    a_over, b_over = max(0.0, _busy_s(b) - _idle_gap_s(a)), max(0.0, _busy_s(a) - _idle_gap_s(b))
+    a_over, b_over = max(0.0, busy_s(b) - _idle_gap_s(a)), max(0.0, busy_s(a) - _idle_gap_s(b))
     period = max(a.period_s + a_over, b.period_s + b_over)
     turns = (period / a.period_s - 1.0, period / b.period_s - 1.0)
     if a_over <= 0.0 and b_over <= 0.0:
@@ -278,7 +278,7 @@ def _pair_inflations(a: JobProfile, b: JobProfile) -> tuple[float, float]:
     return turns if max(turns) < max(at_random) else at_random
 
 
-def _busy_s(profile: JobProfile) -> float:
+def busy_s(profile: JobProfile) -> float:
     """Seconds per step that one of the job's devices is busy."""
     return profile.busy_device_s / profile.devices
 

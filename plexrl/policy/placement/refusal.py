@@ -11,13 +11,21 @@ bound holds under the call model only (every job involved knows its calls, devic
   `cotenancy.least_wait`); a bound above the slack it is judged by (by a margin) refuses them
   all (`Judgement.limit`; while an open-ended job is placed, its own slack: no less than
   anywhere);
+- where enough rows may take turns with it, the bound reads who their tenants are instead
+  (`_by_tenants`): beside one tenant alone its inflation is the pair's, exactly; beside two or
+  more that take turns with it, it is held to the slowest period; beside two or more that do
+  not, it waits for each. A job of a 600 s step beside tenants of 600-1,300 s steps is slowed
+  13% or more wherever it goes, which the turns alone would have let through to a search;
 - a row is barred when a tenant on it would be pushed past its slack by sharing even one of
   its devices with the newcomer (`Judgement.pushed` at the least share; what it adds does not
   shrink with the share); the unbarred rows are bounded as above.
 Rows on nodes without host room for a replica are never chosen, so they are skipped.
 
 Invariant (tests/test_placement_fastpaths.py): exact. Whenever it answers Wait the search and
-judgement refuse too, and every decision equals that of a placer that always searches.
+judgement refuse too, and every decision equals that of a placer that always searches (the
+Wait's words may differ: the bound's, not the judged candidate's). `no_place_beside_itself`
+(which moves are tried) keeps the rows' turns alone: it bounds a state that is not the one the
+move would judge, so a tighter answer there would change which moves are tried.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from plexrl.policy.placement.cotenancy import interleave, least_wait
+from plexrl.policy.placement.cotenancy import busy_s, interleave, least_wait, wait_inflation
 from plexrl.policy.placement.decisions import Wait
 from plexrl.policy.placement.judgement import Judgement
 from plexrl.policy.profile import JobProfile
@@ -41,10 +49,12 @@ class RefusalBound:
     def __init__(self, judgement: Judgement):
         self.judgement, self.tenancy, self.view = judgement, judgement.tenancy, judgement.view
 
-    def refused_everywhere(self, profile: JobProfile, groups: np.ndarray) -> Wait | None:
+    def refused_everywhere(self, profile: JobProfile, groups: np.ndarray, by_tenants: bool = True) -> Wait | None:
         """Wait, without a search, when the judgement would refuse every devices of `groups`
         the search could choose, whichever wins; None when some might pass (then the search
-        decides). See the module docstring."""
+        decides). `by_tenants`: the newcomer's bound reads who the rows' tenants are
+        (`_by_tenants`), not only whether each row's may take turns with it. See the module
+        docstring."""
         placed = self.tenancy.placed
         if profile.barriers <= 0 or not placed or self.judgement.pooled:  # the bound is of pinned devices
             return None
@@ -58,16 +68,16 @@ class RefusalBound:
         least = math.inf  # the least bound of groups refused for the newcomer's own inflation
         hurts = mixed = False  # some group refused for a co-tenant's sake; for one reason or the other
         visited = []
+        facts = _TenantFacts(profile, placed) if by_tenants else None
         for g in groups:
             runs = self._group_runs(profile, int(g), units, cells)
             visited.append(runs)
-            bound = self._own_bound(profile, [cells[names] for names, rows in runs for _ in range(rows)])
+            bound = self._bound(profile, runs, cells, facts, limit)
             if bound > limit + 1e-9:  # refused for its own inflation, whoever would be barred
                 least = min(least, bound)
                 continue
-            unbarred = [cells[names] for names, rows in runs if self._hurt(profile, names, hurt_by, barred) is None
-                        for _ in range(rows)]
-            if self._own_bound(profile, unbarred) <= limit + 1e-9:
+            unbarred = [(names, rows) for names, rows in runs if self._hurt(profile, names, hurt_by, barred) is None]
+            if self._bound(profile, unbarred, cells, facts, limit) <= limit + 1e-9:
                 return None
             elif len(unbarred) < profile.devices:
                 hurts = True
@@ -85,7 +95,9 @@ class RefusalBound:
         of `refused_everywhere`, a fraction of a try's cost."""
         twin = replace(profile, job=f"{profile.job}\0twin")
         groups = self.view.feasible_groups(twin)
-        return len(groups) == 0 or self.refused_everywhere(twin, groups) is not None
+        # the rows' cells only: this answer decides which moves are tried, and with a copy of
+        # the job in place of whoever would take its devices it is not exact anyway
+        return len(groups) == 0 or self.refused_everywhere(twin, groups, by_tenants=False) is not None
 
     def _group_runs(self, profile: JobProfile, g: int, units: np.ndarray,
                     cells: dict[tuple[str, ...], Cell]) -> list[tuple[tuple[str, ...], int]]:
@@ -126,6 +138,16 @@ class RefusalBound:
         return Wait(f"job {profile.job!r} would be slowed beyond its slack of {limit:.0%} or slow a "
                     f"co-tenant beyond theirs (e.g. job {tenant!r}) {where}")
 
+    def _bound(self, profile: JobProfile, runs: list[tuple[tuple[str, ...], int]], cells: dict[tuple[str, ...], Cell],
+               facts: _TenantFacts | None, limit: float) -> float:
+        """A lower bound of the newcomer's inflation on any `devices` of the rows `runs` (a
+        row's jobs, how many rows carry them): `_own_bound` from the rows' cells, raised by
+        `_by_tenants` where that alone would let it pass."""
+        bound = self._own_bound(profile, [cells[names] for names, rows in runs for _ in range(rows)])
+        if facts is None or bound > limit + 1e-9:
+            return bound
+        return max(bound, _by_tenants(profile, runs, cells, facts))
+
     @staticmethod
     def _own_bound(profile: JobProfile, rows: list[Cell]) -> float:
         """A lower bound of the newcomer's inflation on any `devices` of `rows`: 0 when enough
@@ -146,3 +168,68 @@ class RefusalBound:
             shared = 1 / len(self.tenancy.placed[job].placement.devices)
             memo[job] = self.judgement.pushed(newcomer, job, shared) is not None
         return memo[job]
+
+
+class _TenantFacts:
+    """What `_by_tenants` asks of each placed job as a co-tenant of `newcomer`, computed once
+    per decision: the newcomer's exact inflation beside it alone, the newcomer's least wait for
+    it (`least_wait`), its busy share and period."""
+
+    def __init__(self, newcomer: JobProfile, placed: dict):
+        self.newcomer, self.placed = newcomer, placed
+        self._pair: dict[str, float] = {}
+        self._least: dict[str, float] = {}
+
+    def pair(self, job: str) -> float:
+        if job not in self._pair:
+            self._pair[job] = wait_inflation(self.newcomer, [(self.placed[job].profile, 1.0)])
+        return self._pair[job]
+
+    def least(self, job: str) -> float:
+        if job not in self._least:
+            self._least[job] = least_wait(self.newcomer, self.placed[job].profile)
+        return self._least[job]
+
+    def busy_share(self, job: str) -> float:
+        profile = self.placed[job].profile
+        return busy_s(profile) / profile.period_s
+
+    def period_s(self, job: str) -> float:
+        return self.placed[job].profile.period_s
+
+
+def _by_tenants(profile: JobProfile, runs: list[tuple[tuple[str, ...], int]], cells: dict[tuple[str, ...], Cell],
+                facts: _TenantFacts) -> float:
+    """A lower bound of the newcomer's inflation (`wait_inflation`) on any `devices` of the
+    rows `runs`, by the set T of jobs those devices carry:
+    - T has at most one job: only rows with no job or with that job alone take part; the
+      inflation is the pair's, exactly (0 with no job);
+    - T has two jobs or more and they take turns with the newcomer (`interleave`; a set does
+      only if its busy shares sum to at most 1): it is held to the slowest period, at least
+      the second-shortest among the rows' jobs; they can only when the newcomer's busy share
+      and the two least of theirs fit;
+    - else it waits for every job of T, at least `least_wait` each: at least the two least,
+      and at least what the `devices`-th least-waiting row's jobs alone make it wait (every
+      devices include a row waiting that much).
+    `_conserving` only raises inflations, so each holds after it. (`_own_bound` reads only
+    whether each row's jobs may take turns with the newcomer, so rows that may give it 0.)"""
+    need = profile.devices
+    empty = sum(rows for names, rows in runs if not names)
+    if empty >= need:
+        return 0.0
+    alone: dict[str, int] = {}
+    for names, rows in runs:
+        if len(names) == 1:
+            alone[names[0]] = alone.get(names[0], 0) + rows
+    one = min((facts.pair(job) for job, rows in alone.items() if rows + empty >= need), default=math.inf)
+    jobs = sorted({job for names, _ in runs for job in names})
+    if len(jobs) < 2:
+        return one
+    least = sorted(facts.least(job) for job in jobs)
+    waits = sorted(cells[names][0] for names, rows in runs for _ in range(rows))
+    several = max(least[0] + least[1], waits[need - 1]) / profile.period_s
+    shares = sorted(facts.busy_share(job) for job in jobs)
+    if busy_s(profile) / profile.period_s + shares[0] + shares[1] <= 1.0 + 1e-9:
+        periods = sorted(facts.period_s(job) for job in jobs)
+        several = min(several, max(0.0, periods[1] / profile.period_s - 1.0))
+    return min(one, several)
