@@ -43,6 +43,8 @@ class Horizon:
         self._order: dict[str, int] = {}  # job -> when it came (the order of _jobs), for `remove`
         self._added = 0
         self.version = 0  # moves on with every change of `load` (caches of it are keyed by it)
+        self.row_version = np.zeros(rows, dtype=np.int64)  # the version at each row's last change by add/remove
+        self.advanced_version = 0  # the version at the last change of every row (time moving on)
 
     def project(self, profile: JobProfile, anchor_s: float, first_slot: int, n: int) -> np.ndarray:
         """Mean busy devices of `profile` anchored at `anchor_s` over absolute slots
@@ -69,7 +71,15 @@ class Horizon:
         self.origin = start
         if entered:
             self.version += 1
+            self.advanced_version = self.version
             self._recompute(first_slot=start + self.slots - entered, n=entered)
+
+    def changed_since(self, version: int) -> np.ndarray | None:
+        """The rows whose load changed after `version` (a value of `self.version`), or None when
+        every row may have (time moved on since): what a cache of per-row figures recomputes."""
+        if self.advanced_version > version:
+            return None
+        return np.flatnonzero(self.row_version > version)
 
     def add(self, job: str, rows: int | Sequence[int], profile: JobProfile, anchor_s: float) -> None:
         """Project `job` onto `rows` (one row, or the job's devices: each gets an equal share)."""
@@ -85,6 +95,7 @@ class Horizon:
             self._on_row.setdefault(row, {})[job] = None
         self._cumulative[job] = profile.cumulative()
         self._table = None
+        self.row_version[list(rows)] = self.version
         cols = self.columns(self.origin, self.slots)
         share = self.project(profile, anchor_s, self.origin, self.slots) / len(rows)
         for row in rows:
@@ -99,6 +110,7 @@ class Horizon:
             del self._on_row[row][job]
         del self._cumulative[job]
         self._table = None
+        self.row_version[list(rows)] = self.version
         self.load[list(rows)] = 0.0
         cols, mine = self.columns(self.origin, self.slots), set(rows)
         # only the jobs on its rows, in the order they came: each row sums its jobs as before

@@ -35,15 +35,24 @@ class ProbeBounds:
         self.view, self.horizon = view, horizon
         self._maxima: tuple[int, np.ndarray] = (-1, np.zeros(0))  # (horizon version, column maxima per group)
         self._known = np.zeros(0, dtype=bool)  # groups whose maxima hold for that version
+        bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)
+        self._row_group = np.repeat(np.arange(len(bounds)), bounds[:, 1] - bounds[:, 0])
 
     def column_maxima(self, groups: list[int]) -> np.ndarray:
         """[i, c]: the largest load on the rows of groups[i] in column c, each group's reduced
-        once per change of the horizon's load (`Horizon.version`): the decisions asked at one
-        time (a queue retried on a release) probe the same groups."""
+        again only when its rows changed (`Horizon.changed_since`; every group once time moves
+        on): the decisions asked at one time (a queue retried on a release, a move tried and
+        undone) probe the same groups."""
         h = self.horizon
-        if self._maxima[0] != h.version:
-            self._maxima = (h.version, np.zeros((len(self.view.group_rows), h.slots)))
-            self._known = np.zeros(len(self.view.group_rows), dtype=bool)
+        seen = self._maxima[0]
+        if seen != h.version:
+            changed = h.changed_since(seen) if seen >= 0 else None
+            if changed is None:
+                self._maxima = (h.version, np.zeros((len(self.view.group_rows), h.slots)))
+                self._known = np.zeros(len(self.view.group_rows), dtype=bool)
+            else:
+                self._maxima = (h.version, self._maxima[1])
+                self._known[self._row_group[changed]] = False
         maxima = self._maxima[1]
         missing = [g for g in groups if not self._known[g]]
         if missing:
