@@ -17,8 +17,15 @@ How a candidate is found:
    costs go to the device carrying less projected load (spreading within a group), then the
    lower device;
 4. choice: lowest score; ties go to the group already carrying more load (packing keeps empty
-   groups for large jobs), then to the earlier group, then to the smaller shift. Groups are
-   visited in that tie order, so the first that scores 0 ends the search (exact).
+   groups for large jobs), then to the earlier group, then to the smaller shift. With a group
+   that scores 0 for sure among the candidates, groups are visited in that tie order and the
+   first that scores 0 ends the search; otherwise in the order of their lower bounds, so that
+   the best is found early and the groups that cannot beat it go unscored (both exact).
+
+Kept between decisions: each row's summed and largest load, and each group's largest load per
+column, reduced again only for the rows that changed while time stays in one slot
+(`Horizon.changed_since`): a queue retried on a release, or a move tried and undone, asks
+about the same rows again.
 
 Invariants (tests/test_placement*.py): every fast path gives the plain computation's numbers
 bit for bit (twin rows costed once, reductions over occupied rows only, pruning by probes,
@@ -62,6 +69,7 @@ class DeviceSearch:
         self.tenancy, self.view, self.horizon = tenancy, tenancy.view, tenancy.horizon
         self.max_shifts = max_shifts
         self.probes = ProbeBounds(self.view, self.horizon)
+        self._row_stats: tuple[int, np.ndarray, np.ndarray] = (-1, np.zeros(0), np.zeros(0))  # (version, sums, maxima)
 
     def shift_slots(self, profile: JobProfile) -> np.ndarray:
         distinct = max(1, int(np.ceil(profile.period_s / self.horizon.slot_s - 1e-9)))
@@ -80,54 +88,110 @@ class DeviceSearch:
         return extended[(top - shifts)[:, None] + h.positions()[None, :]]
 
     def best(self, groups: np.ndarray, profile: JobProfile, share: np.ndarray, units: np.ndarray) -> Candidate:
-        """The best (group, shift, devices) of `groups`, visited in tie order (most carried load
-        first, then topology order), so a group must score strictly less than the best so far.
+        """The best (group, shift, devices) of `groups`: the least score, ties to the group first
+        in tie order (most carried load first, then topology order), then the smaller shift.
         `units`: the replicas each node has host room for (`ResourceView.units_per_node`).
 
         Exact pruning: a group with enough devices free of hot cells scores 0 at every shift
-        (`all_cool`); once one is known, a group visited before it can only win by scoring 0.
-        A group whose lower bound (`ProbeBounds.lower_bounds`) cannot beat that is skipped
-        unscored; with a cool group ahead only a score of 0 could win, and the cheaper
-        `ProbeBounds.may_score_zero` decides that.
+        (`all_cool`); with one among `groups`, the answer is the first group in tie order that
+        scores 0, and the groups before the first cool one are tested by the cheaper
+        `ProbeBounds.may_score_zero` (`_before_cool`). Without one, every group's lower bound
+        (`ProbeBounds.lower_bounds`) is taken first and groups are scored in the order of their
+        bounds (`_best_first`), so that a group that cannot beat the best found is skipped.
         """
-        load, peak = self.horizon.load, share.max()
         row_load, row_max = self.row_sums_and_maxima()
-        cool_rows = row_max + peak <= 1.0 + TINY  # no cell where the job could overload
+        cool_rows = row_max + share.max() <= 1.0 + TINY  # no cell where the job could overload
         all_cool = self.all_cool(cool_rows, profile, units)
-        zero_ahead = bool(all_cool[groups].any())
         order, _ = self.tie_order(groups, row_load)
-        best: Candidate | None = None
+        if all_cool[groups].any():
+            zero = self.all_cool(self._may_be_free(row_load, row_max, share) | cool_rows, profile, units)
+            return self._before_cool(order, all_cool, zero, profile, share, units, cool_rows)
+        return self._best_first(order, profile, share, units, cool_rows)
+
+    def _may_be_free(self, row_load: np.ndarray, row_max: np.ndarray, share: np.ndarray) -> np.ndarray:
+        """Per row: whether it might cost 0 at some shift. Costing 0 needs no cell already past
+        capacity by a micro device-second's worth, and the row's summed load plus the job's
+        summed share (the least over shifts) within its capacity over the horizon: what it
+        overloads is at least that excess (a cell that is not hot is within `TINY` of it)."""
+        h = self.horizon
+        tolerance = 1e-6 / h.slot_s + h.slots * TINY + 1e-9
+        return (row_max <= 1.0 + 1e-6 / h.slot_s + TINY) & (row_load + share.sum(axis=1).min() - h.slots <= tolerance)
+
+    def _before_cool(self, order: np.ndarray, all_cool: np.ndarray, zero: np.ndarray, profile: JobProfile,
+                     share: np.ndarray, units: np.ndarray, cool_rows: np.ndarray) -> Candidate:
+        """`best` when a group of `order` is cool: the first group that scores 0 in tie order,
+        the first cool group at the latest (shift 0, on devices costing 0). A group without
+        enough rows that might cost 0 (`zero`, from `_may_be_free`) is passed over unprobed."""
         for lo_g in range(0, len(order), _BOUND_BLOCK):
             block = [int(g) for g in order[lo_g: lo_g + _BOUND_BLOCK]]
             cut = next((i for i, g in enumerate(block) if all_cool[g]), len(block))
-            if zero_ahead:  # only a group that can score 0 may come before a cool one: a cheaper test
-                bounds = np.where(self.probes.may_score_zero(block[:cut], share, profile, cool_rows), 0.0, np.inf)
-            else:
-                bounds = self.probes.lower_bounds(block[:cut], share, profile, cool_rows)
-            for g, bound in zip(block[:cut], bounds):
-                if (zero_ahead and bound > 0.0) or (best is not None and bound >= best.score):
-                    continue
-                lo, hi = self.view.group_rows[g]
-                costs = self.device_costs(lo, share, load[lo:hi] + peak > 1.0 + TINY)
-                scores = self.group_scores(g, costs, profile, units)
-                k = int(np.argmin(scores))
-                if best is None or scores[k] < best.score:
-                    best = Candidate(g, k, float(scores[k]), self.choose(g, costs[:, k], profile, units))
-                if best.score == 0.0:
-                    return best
-            if cut < len(block):  # enough cool devices: score 0 at shift 0, on devices costing 0
+            ahead = [g for g in block[:cut] if zero[g]]
+            maybe = self.probes.may_score_zero(ahead, share, profile, cool_rows)
+            for g in (g for g, may in zip(ahead, maybe) if may):
+                found = self._scored(g, profile, share, units)
+                if found.score == 0.0:
+                    return found
+            if cut < len(block):
                 g = block[cut]
                 lo, hi = self.view.group_rows[g]
-                cost = self.device_costs(lo, share[:1], load[lo:hi] + peak > 1.0 + TINY)[:, 0]
+                cost = self.device_costs(lo, share[:1], self.horizon.load[lo:hi] + share.max() > 1.0 + TINY)[:, 0]
                 return Candidate(g, 0, 0.0, self.choose(g, cost, profile, units))
+        raise AssertionError("a cool group is among the groups searched")
+
+    def _best_first(self, order: np.ndarray, profile: JobProfile, share: np.ndarray, units: np.ndarray,
+                    cool_rows: np.ndarray) -> Candidate:
+        """`best` when no group is cool: groups scored in the order of their lower bounds (then
+        of tie order); a group is skipped when its bound shows it cannot beat the best so far
+        (a group later in tie order must score strictly less, an earlier one may tie), and the
+        scoring stops at the first bound past the best score."""
+        order = [int(g) for g in order]
+        bounds = np.concatenate([self.probes.lower_bounds(order[lo: lo + _BOUND_BLOCK], share, profile, cool_rows)
+                                 for lo in range(0, len(order), _BOUND_BLOCK)])
+        best: Candidate | None = None
+        best_rank = len(order)
+        for rank in np.lexsort((np.arange(len(order)), bounds)).tolist():
+            bound = bounds[rank]
+            if best is not None:
+                if bound > best.score:
+                    break
+                if rank > best_rank and (bound >= best.score or best.score <= 0.0):
+                    continue
+            found = self._scored(order[rank], profile, share, units)
+            if best is None or found.score < best.score or (found.score == best.score and rank < best_rank):
+                best, best_rank = found, rank
         return best
+
+    def _scored(self, g: int, profile: JobProfile, share: np.ndarray, units: np.ndarray) -> Candidate:
+        """Group `g`'s best shift (the smallest among equal scores) and devices."""
+        lo, hi = self.view.group_rows[g]
+        costs = self.device_costs(lo, share, self.horizon.load[lo:hi] + share.max() > 1.0 + TINY)
+        scores = self.group_scores(g, costs, profile, units)
+        k = int(np.argmin(scores))
+        return Candidate(g, k, float(scores[k]), self.choose(g, costs[:, k], profile, units))
 
     def row_sums_and_maxima(self) -> tuple[np.ndarray, np.ndarray]:
         """Each row's summed load and its largest cell: `load.sum(axis=1)` and `load.max(axis=1)`
-        bit for bit (each row reduced alone, the same way), passing over occupied rows only
-        (an empty row holds only 0.0): by runs of consecutive ones (packing keeps them few),
-        or, when they are fragmented, over every row in place (an empty row sums to 0.0 and
-        peaks at 0.0, as it is left; copying the occupied rows out first cost more)."""
+        bit for bit (each row reduced alone, the same way). Kept between decisions: while time
+        stays in one slot, only the rows that jobs came onto or left since are reduced again
+        (`Horizon.changed_since`; a queue retried, a move tried and undone); after time moves
+        on, every row (`_reduce_rows`)."""
+        h = self.horizon
+        seen, sums, maxima = self._row_stats
+        if seen != h.version:
+            changed = h.changed_since(seen) if seen >= 0 else None
+            if changed is None:
+                sums, maxima = self._reduce_rows()
+            elif len(changed):
+                sums, maxima = sums.copy(), maxima.copy()  # a caller may hold the last answer
+                sums[changed], maxima[changed] = h.load[changed].sum(axis=1), h.load[changed].max(axis=1)
+            self._row_stats = (h.version, sums, maxima)
+        return sums, maxima
+
+    def _reduce_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """`row_sums_and_maxima` from scratch, passing over occupied rows only (an empty row
+        holds only 0.0): by runs of consecutive ones (packing keeps them few), or, when they
+        are fragmented, over every row in place (an empty row sums to 0.0 and peaks at 0.0, as
+        it is left; copying the occupied rows out first cost more)."""
         load, occupied = self.horizon.load, self.tenancy.row_jobs > 0
         runs = np.flatnonzero(np.diff(occupied, prepend=False, append=False)).reshape(-1, 2)
         if len(runs) > _MAX_RUNS:
