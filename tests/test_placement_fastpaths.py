@@ -38,7 +38,7 @@ def job(name: str, demand, barriers: int = 4, residual_s: float = 0.1, slack: fl
 
 
 class NeverRefuses(RefusalBound):
-    def refused_everywhere(self, profile, groups):
+    def refused_everywhere(self, profile, groups, by_tenants=True):
         return None
 
 
@@ -127,6 +127,46 @@ def test_row_reductions_over_occupied_rows_equal_those_over_every_row(seed, max_
         sums, maxima = placer.search.row_sums_and_maxima()
         load = placer.horizon.load
         assert np.array_equal(sums, load.sum(axis=1)) and np.array_equal(maxima, load.max(axis=1))  # bit for bit
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_figures_kept_between_changes_equal_reducing_every_row(seed):
+    """Row sums and maxima, and each group's column maxima, kept across places, releases and
+    tentative moves at one time (only changed rows reduced again; `Horizon.changed_since`) and
+    across time moving on, equal reducing the whole load after every change, bit for bit."""
+    rng = np.random.default_rng(seed)
+    placer = Placer(ResourceView.uniform(1, 3, 2, 4, 80 * GiB, 512 * GiB), horizon_slots=64, slot_s=1.0)
+    now, kept = 0.0, 0
+    for i in range(80):
+        now += float(rng.choice([0.0, 0.0, 0.0, 0.5, 3.0]))  # mostly several changes in one slot
+        if placer.placements() and rng.random() < 0.35:
+            placer.release(sorted(placer.placements())[int(rng.integers(len(placer.placements())))])
+        else:
+            profile = random_profile(rng, f"j{i}", int(rng.choice([1, 2, 4])), int(rng.integers(8, 40)), slack=np.inf)
+            placer.place(profile, now)
+        kept += placer.horizon.changed_since(placer.search._row_stats[0]) is not None
+        sums, maxima = placer.search.row_sums_and_maxima()
+        load = placer.horizon.load
+        assert np.array_equal(sums, load.sum(axis=1)) and np.array_equal(maxima, load.max(axis=1))
+        groups = list(range(len(placer.view.groups)))
+        reference = np.stack([load[slice(*placer.view.group_rows[g])].max(axis=0) for g in groups])
+        assert np.array_equal(placer.search.probes.column_maxima(groups), reference)
+    assert kept > 10  # the kept figures were reused, not only recomputed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_row_that_costs_0_at_some_shift_is_one_that_may_be_free(seed):
+    """`DeviceSearch._may_be_free` is a necessary condition: every row costing 0 at some shift
+    (`row_costs` on every row) passes it, and it does rule rows out."""
+    ruled_out = 0
+    for placer, profile, share in busy_placer(seed, steps=60):
+        load, s = placer.horizon.load, placer.search
+        costs = s.row_costs(0, share, load + share.max() > 1.0 + 1e-9)
+        sums, maxima = s.row_sums_and_maxima()
+        may = s._may_be_free(sums, maxima, share)
+        assert may[(costs == 0.0).any(axis=1)].all()
+        ruled_out += (~may).sum()
+    assert ruled_out > 0
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -305,10 +345,25 @@ REFUSALS = {
     "short calls within slack leave it to the search": (
         view(groups=1), [job("a", (2,) * 10 + (0,) * 10, residual_s=0.1)],
         job("b", (2,) * 11 + (0,) * 9, residual_s=0.1), "search"),
-    # two jobs busy 75% each cannot both run within 10%, short calls or not
+    # two jobs busy 75% each cannot both run within 10%, short calls or not: the devices would
+    # have to run 150% of the time, so each runs 50% slow (the pair's inflation, exactly)
     "near-always-busy tenants refuse however short the calls": (
         view(groups=1), [job("a", BUSY, residual_s=0.1)], job("b", BUSY, residual_s=0.1),
-        "would slow job 'a' or another co-tenant"),
+        "would be slowed by 50% or more"),
+    # they take turns, but the newcomer is held to the tenant's 16 s period: 100% slower
+    "a tenant that takes turns at twice the period refuses (the pair's inflation)": (
+        view(groups=1), [job("a", SHORT + (0,) * 8, residual_s=1.0, slack=1.0)], job("b", SHORT, residual_s=1.0),
+        "would be slowed by 100% or more"),
+    # the same, with room to spare for a newcomer that tolerates it
+    "a tenant that takes turns within the newcomer's slack leaves it to the search": (
+        view(groups=1), [job("a", SHORT + (0,) * 8, residual_s=1.0, slack=1.0)],
+        job("b", SHORT, residual_s=1.0, slack=1.5), "search"),
+    # one device each: any two devices carry both tenants, which take turns with it only if all
+    # three do; two of 25% and it at 25% could, held to the slower tenant's 16 s: 100%
+    "two tenants that could take turns together bound it by the second-shortest period": (
+        view(groups=1), [job("a", (1, 1) + (0,) * 14, residual_s=1.0, slack=1.0, devices=1),
+                         job("c", (1, 1) + (0,) * 14, residual_s=1.0, slack=1.0, devices=1)],
+        job("b", SHORT, residual_s=1.0), "would be slowed by"),
     "a newcomer that does not know its calls is searched (fluid model)": (
         view(groups=1), [job("a", BUSY, residual_s=1.0)], job("b", BUSY, barriers=0, residual_s=0.0), "search"),
     "a tenant that does not know its calls means a search": (
@@ -329,6 +384,39 @@ def test_refusal_table(name):
     else:
         assert isinstance(early, Wait) and expected in early.reason, early
         assert isinstance(placer.decide(newcomer, 0.0), Wait)
+
+
+def test_the_bound_by_tenants_never_exceeds_the_judgements_inflation_on_any_devices():
+    """`_by_tenants` against the call model on every choice of the newcomer's devices in a
+    group, over random tenants (periods, busy shares and calls that do and do not take turns)."""
+    from itertools import combinations
+
+    from plexrl.policy.placement.refusal import _by_tenants, _TenantFacts
+
+    rng = np.random.default_rng(7)
+    tight = 0
+    for case in range(150):
+        placer = Placer(view(groups=1, nodes=2, devices=3), horizon_slots=32, slot_s=1.0)
+        for i in range(int(rng.integers(1, 5))):
+            period = int(rng.choice([4, 8, 16]))
+            busy = int(rng.integers(1, period))
+            demand = (1.0,) * busy + (0.0,) * (period - busy)
+            placer.place(job(f"t{i}", demand, barriers=int(rng.integers(1, 5)), residual_s=float(rng.random()),
+                             slack=5.0, devices=int(rng.integers(1, 4))), 0.0)
+        period = int(rng.choice([4, 8, 16]))
+        busy = int(rng.integers(1, period))
+        newcomer = job("n", (1.0,) * busy + (0.0,) * (period - busy), barriers=int(rng.integers(1, 5)),
+                       residual_s=float(rng.random()), devices=int(rng.integers(1, 4)))
+        refusal, tenancy = placer.refusal, placer.tenancy
+        cells = {}
+        runs = refusal._group_runs(newcomer, 0, placer.view.units_per_node(newcomer), cells)
+        bound = _by_tenants(newcomer, runs, cells, _TenantFacts(newcomer, tenancy.placed))
+        rows = range(*placer.view.group_rows[0])
+        least = min(placer.judgement.call_inflation(newcomer, tenancy.tenants(list(chosen)), list(chosen))
+                    for chosen in combinations(rows, newcomer.devices))
+        assert bound <= least + 1e-9, (case, bound, least)
+        tight += bound > refusal._own_bound(newcomer, [cells[n] for n, r in runs for _ in range(r)]) + 1e-9
+    assert tight > 0  # it does raise the cells' bound
 
 
 def replay(seed: int, *placers: Placer) -> tuple[list[list], int]:
