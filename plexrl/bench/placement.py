@@ -3,7 +3,9 @@
 1. Decision time: jobs with random RL-like profiles are placed one after another (time moves
    on between arrivals) on a cluster of pods x node groups, with a horizon of H slots; each
    `place` call (decide + commit) is timed. Default: 200 jobs, 256 node groups, 1,024 slots;
-   the target is under 20 ms per decision.
+   the target is under 20 ms per decision. `--runtime`: the same jobs admitted through the
+   runtime's control plane instead (`runtime.job_placer.JobPlacer.admit`, its placer pooled
+   as the runtime builds it, a job that must wait refused at once), each admission timed.
 2. Contention: the same random mixes are placed by the Placer, by the Placer without phase
    shifts and by first-fit, on a cluster whose host memory forces jobs to share groups; the
    projected overload (device-seconds over the horizon) of each is reported, and the ratio
@@ -40,28 +42,50 @@ def random_profile(rng: np.random.Generator, job: str, devices: int, period_slot
 
 
 def time_decisions(jobs: int = 200, pods: int = 16, groups_per_pod: int = 16, slots: int = 1024,
-                   seed: int = 0) -> dict:
-    """Place `jobs` random jobs one by one; return per-decision times and outcomes."""
+                   seed: int = 0, runtime: bool = False) -> dict:
+    """Place `jobs` random jobs one by one (through the runtime's `JobPlacer.admit` with
+    `runtime`); return per-decision times and outcomes."""
     rng = np.random.default_rng(seed)
     view = ResourceView.uniform(pods, groups_per_pod, nodes_per_group=2, devices_per_node=4,
                                 device_bytes=80 * GiB, host_bytes=512 * GiB)
-    placer = Placer(view, horizon_slots=slots, slot_s=1.0)
+    place = _runtime_admission(view, slots) if runtime else Placer(view, horizon_slots=slots, slot_s=1.0).place
     times_ms, placed = [], 0
     for i in range(jobs):
         devices = int(rng.choice([1, 2, 4, 8]))
         profile = random_profile(rng, f"job{i}", devices, int(rng.integers(16, 257)))
         now = 5.0 * i
         t0 = time.perf_counter()
-        decision = placer.place(profile, now)
+        decision = place(profile, now)
         times_ms.append((time.perf_counter() - t0) * 1e3)
         placed += isinstance(decision, Placement)
     ms = np.asarray(times_ms)
     return {
-        "jobs": jobs, "node_groups": pods * groups_per_pod, "horizon_slots": slots,
+        "jobs": jobs, "node_groups": pods * groups_per_pod, "horizon_slots": slots, "runtime": runtime,
         "placed": placed, "waited": jobs - placed,
         "decision_ms_p50": float(np.percentile(ms, 50)), "decision_ms_p99": float(np.percentile(ms, 99)),
         "decision_ms_max": float(ms.max()), "decision_ms_mean": float(ms.mean()),
     }
+
+
+def _runtime_admission(view: ResourceView, slots: int):
+    """`place(profile, now)` through the runtime's control plane: `JobPlacer.admit` as the
+    runtime's `Control` builds it (`ClusterConfig`'s defaults), a job that must wait refused
+    at once (timeout 0) and answered as a Wait."""
+    from plexrl.api.errors import AdmissionTimeout
+    from plexrl.policy.placement import Wait
+    from plexrl.runtime.config import ClusterConfig
+    from plexrl.runtime.job_placer import JobPlacer
+
+    config = ClusterConfig()
+    admission = JobPlacer(view, horizon_slots=slots, slot_s=1.0, placement=config.placement,
+                          profile_steps=config.profile_steps, pack_limit=config.pack_limit)
+
+    def place(profile: JobProfile, now: float):
+        try:
+            return admission.admit(profile, profile.slack, False, lambda: now, 0.0, ends=True)
+        except AdmissionTimeout as refused:
+            return Wait(str(refused))
+    return place
 
 
 def contention(seeds: int = 5, groups: int = 8, jobs_per_group: int = 3, slots: int = 512) -> dict:
@@ -102,8 +126,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--groups-per-pod", type=int, default=16)
     parser.add_argument("--slots", type=int, default=1024)
     parser.add_argument("--seeds", type=int, default=5, help="random mixes for the contention comparison")
+    parser.add_argument("--runtime", action="store_true",
+                        help="time admission through the runtime's control plane (JobPlacer.admit)")
     args = parser.parse_args(argv)
-    result = time_decisions(args.jobs, args.pods, args.groups_per_pod, args.slots)
+    result = time_decisions(args.jobs, args.pods, args.groups_per_pod, args.slots, runtime=args.runtime)
     result.update(contention(seeds=args.seeds))
     result["target_ms"] = 20.0
     emit("placement", result, args.json, _print_table)
@@ -114,7 +140,8 @@ def _print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"placement: {result['jobs']} jobs, {result['node_groups']} node groups, "
+    where = "the runtime's admission" if result["runtime"] else "the placer"
+    table = Table(title=f"placement ({where}): {result['jobs']} jobs, {result['node_groups']} node groups, "
                         f"{result['horizon_slots']}-slot horizon")
     table.add_column("measure")
     table.add_column("value", justify="right")
