@@ -182,7 +182,7 @@ def test_admission_uses_the_call_model_when_every_profile_knows_its_calls():
     busy = Placer(view(), horizon_slots=64, slot_s=1.0)
     busy.place(job("a", BUSY, 4, 0.1), 0.0)
     decision = busy.place(job("b", BUSY, 4, 0.1), 0.0)
-    assert isinstance(decision, Wait) and "would slow job 'a'" in decision.reason
+    assert isinstance(decision, Wait) and "would be slowed by 50%" in decision.reason
 
 
 def test_long_calls_make_a_newcomer_wait():

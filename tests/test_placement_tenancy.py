@@ -1,6 +1,6 @@
 """The placer's derived caches and their one invalidation point (`placement/tenancy.py`):
-every change of what is placed (`hold`, `release`) drops them at once, a question after it
-answers as if computed afresh, and an undone move rewinds them with the release count."""
+every change of what is placed (`hold`, `release`) drops what its node groups touch, a question
+after it answers as if computed afresh, and an undone move rewinds them with the release count."""
 
 from __future__ import annotations
 
@@ -44,19 +44,45 @@ def fresh_answers(p: Placer) -> tuple:
         p.tenancy.derived = kept
 
 
-def test_hold_and_release_drop_every_derived_answer_at_once():
+def test_hold_and_release_drop_what_the_changed_groups_touch_and_keep_the_rest():
     p = placer()
     for name in ("a", "b", "c"):
         before = p.tenancy.derived
-        assert isinstance(p.place(job(name), 0.0), Placement)
-        assert p.tenancy.derived is not before and p.tenancy.derived == Derived()
         ask_everything(p)
+        asked = p.tenancy.derived
+        assert isinstance(p.place(job(name), 0.0), Placement)
         d = p.tenancy.derived
+        assert d is not asked and d.unused is None
+        group = p.view.index[p.placements()[name].group]
+        nodes = range(int(p.view.group_first_node[group]), int(p.view.group_first_node[group]) + 1)
+        assert not set(d.node_tenancy) & set(nodes)  # the changed group's nodes are dropped
+        on_group = {j for j, pl in p.placements().items() if p.view.index[pl.group] == group}
+        assert not set(d.cotenants) & on_group  # and the co-tenants of every job on it
+        assert set(d.node_tenancy) == set(asked.node_tenancy) - set(nodes)  # the rest is kept
+        ask_everything(p)
         assert (d.cotenants, d.node_tenancy, d.unused.tolist()) == fresh_answers(p)
-    before = p.tenancy.derived
+        assert before is not d
+    asked = p.tenancy.derived
     p.release("b")
-    assert p.tenancy.derived is not before and p.tenancy.derived == Derived()
-    assert p.tenancy.releases == 1
+    assert p.tenancy.derived is not asked and p.tenancy.releases == 1
+    ask_everything(p)
+    d = p.tenancy.derived
+    assert (d.cotenants, d.node_tenancy, d.unused.tolist()) == fresh_answers(p)
+
+
+def test_kept_answers_equal_fresh_ones_after_any_history():
+    rng = np.random.default_rng(3)
+    p = Placer(ResourceView.uniform(1, 3, 2, 2, 10 * GiB, 100 * GiB), horizon_slots=16, slot_s=1.0)
+    for i in range(60):
+        if p.placements() and rng.random() < 0.4:
+            p.release(sorted(p.placements())[int(rng.integers(len(p.placements())))])
+        else:
+            p.place(job(f"j{i}", devices=int(rng.choice([1, 2]))), 0.0)
+        if rng.random() < 0.7:
+            ask_everything(p)
+        d = p.tenancy.derived
+        ask_everything(p)
+        assert (d.cotenants, d.node_tenancy, d.unused.tolist()) == fresh_answers(p)
 
 
 def test_questions_change_nothing_derived_but_their_own_answers():

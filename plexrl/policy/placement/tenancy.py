@@ -9,8 +9,10 @@ rows are devices, capacity 1.0 each).
 Invariants (tests/test_placement*.py):
 - `hold` and `release` are the only changes of what is placed; each ends in `_changed`, the
   one point where what is derived from the placed jobs (`Derived`: co-tenants, the jobs per
-  node row, unused devices per group) is dropped. Nothing else invalidates it, and a derived
-  answer is the same whether kept or recomputed.
+  node row, unused devices per group) is dropped: what the changed job's node groups touch (the
+  tenancies of their nodes, the co-tenants of every job on them, pooled or not), the rest kept
+  in a new `Derived` (an undone move's `rewind` restores the old one whole). Nothing else
+  invalidates it, and a derived answer is the same whether kept or recomputed.
 - A row that no job holds carries exactly 0.0 in every column (the horizon adds to a row only
   for a job on it and rebuilds a row from zeros on remove): `row_jobs[r] == 0` means empty.
 - `releases` counts releases only (placing adds load, so only a release can give a refused
@@ -74,6 +76,8 @@ class Tenancy:
         self.node_first_row = np.array([a for a, _ in view.node_rows], dtype=np.int64)
         self.group_bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)  # (first, end) row
         self.row_group = np.repeat(np.arange(len(view.groups)), self.group_bounds[:, 1] - self.group_bounds[:, 0])
+        node_bounds = np.array(view.node_rows, dtype=np.int64).reshape(-1, 2)
+        self.row_node = np.repeat(np.arange(len(node_bounds)), node_bounds[:, 1] - node_bounds[:, 0])
 
     def hold(self, placed: Placed) -> None:
         job, p = placed.profile.job, placed.placement
@@ -84,7 +88,7 @@ class Tenancy:
         self.row_jobs[rows] += 1
         self.placed[job] = placed
         self.open_ended += not placed.profile.ends
-        self._changed()
+        self._changed(job, self.job_rows[job])
 
     def release(self, job: str) -> None:
         self.measured.pop(job, None)
@@ -93,13 +97,23 @@ class Tenancy:
             self.view.free(job)
             self.horizon.remove(job)
             self.open_ended -= not placed.profile.ends
-            self.row_jobs[self.job_rows.pop(job)] -= 1
+            rows = self.job_rows.pop(job)
+            self.row_jobs[rows] -= 1
             self.releases += 1
-            self._changed()
+            self._changed(job, rows)
 
-    def _changed(self) -> None:
-        """What is placed changed: every derived answer is dropped (the one invalidation point)."""
-        self.derived = Derived()
+    def _changed(self, job: str, rows: np.ndarray) -> None:
+        """`job` came onto or left `rows`: the derived answers its node groups touch are dropped
+        (the one invalidation point; see the module docstring)."""
+        old = self.derived
+        nodes = set(self.row_node[rows].tolist())
+        touched = {job}
+        for g in set(self.row_group[rows].tolist()):
+            for row in range(*self.group_bounds[g]):
+                touched.update(self.horizon.names_on(row))
+        self.derived = Derived(
+            cotenants={j: kept for j, kept in old.cotenants.items() if j not in touched},
+            node_tenancy={n: kept for n, kept in old.node_tenancy.items() if n not in nodes})
 
     def mark(self) -> Mark:
         return Mark(self.releases, self.derived)
