@@ -41,6 +41,7 @@ from plexrl.policy.placement.judgement import Judgement
 from plexrl.policy.profile import JobProfile
 
 Cell = tuple[float, bool]  # a row's (least wait per step for its tenants, whether they may take turns)
+_CELL_ENTRIES = 1 << 16  # the cells kept across decisions are dropped when this many are kept
 
 
 class RefusalBound:
@@ -48,6 +49,7 @@ class RefusalBound:
 
     def __init__(self, judgement: Judgement):
         self.judgement, self.tenancy, self.view = judgement, judgement.tenancy, judgement.view
+        self._cells: dict[tuple[int, ...], tuple] = {}  # (newcomer, tenants) ids -> (their profiles, cell)
 
     def refused_everywhere(self, profile: JobProfile, groups: np.ndarray, by_tenants: bool = True) -> Wait | None:
         """Wait, without a search, when the judgement would refuse every devices of `groups`
@@ -58,7 +60,7 @@ class RefusalBound:
         placed = self.tenancy.placed
         if profile.barriers <= 0 or not placed or self.judgement.pooled:  # the bound is of pinned devices
             return None
-        if any(p.profile.barriers <= 0 for p in placed.values()):
+        if self.tenancy.calls_unknown:
             return None
         limit = self.judgement.limit(profile, self.tenancy.open_ended == 0)  # at least what judging allows anywhere
         barred: dict[str, bool] = {}
@@ -111,11 +113,24 @@ class RefusalBound:
                 continue
             for names, rows in self.tenancy.tenancies(node):
                 if names not in cells:
-                    tenants = [self.tenancy.placed[j].profile for j in names]
-                    cells[names] = (sum(least_wait(profile, t) for t in tenants),
-                                    interleave(profile, tenants, margin=1e-9))
+                    cells[names] = self._cell(profile, names)
                 runs.append((names, rows))
         return runs
+
+    def _cell(self, profile: JobProfile, names: tuple[str, ...]) -> Cell:
+        """The cell of a row carrying the jobs `names` for newcomer `profile`: a function of the
+        profiles alone, kept across decisions by their identities (a waiting job retried, a job
+        tried for a move, asks about the same rows again); the entry keeps the profiles alive,
+        so no id in its key can be another's while it stands."""
+        tenants = [self.tenancy.placed[j].profile for j in names]
+        key = (id(profile), *map(id, tenants))
+        hit = self._cells.get(key)
+        if hit is None:
+            if len(self._cells) >= _CELL_ENTRIES:
+                self._cells.clear()
+            cell = (sum(least_wait(profile, t) for t in tenants), interleave(profile, tenants, margin=1e-9))
+            hit = self._cells[key] = (profile, tenants, cell)
+        return hit[2]
 
     def _hurt(self, profile: JobProfile, names: tuple[str, ...], hurt_by: dict[tuple[str, ...], str | None],
               barred: dict[str, bool]) -> str | None:
@@ -143,23 +158,24 @@ class RefusalBound:
         """A lower bound of the newcomer's inflation on any `devices` of the rows `runs` (a
         row's jobs, how many rows carry them): `_own_bound` from the rows' cells, raised by
         `_by_tenants` where that alone would let it pass."""
-        bound = self._own_bound(profile, [cells[names] for names, rows in runs for _ in range(rows)])
+        bound = self._own_bound(profile, runs, cells)
         if facts is None or bound > limit + 1e-9:
             return bound
         return max(bound, _by_tenants(profile, runs, cells, facts))
 
     @staticmethod
-    def _own_bound(profile: JobProfile, rows: list[Cell]) -> float:
-        """A lower bound of the newcomer's inflation on any `devices` of `rows`: 0 when enough
-        may take turns with it, +inf when there are too few rows."""
+    def _own_bound(profile: JobProfile, runs: list[tuple[tuple[str, ...], int]], cells: dict[tuple[str, ...], Cell]
+                   ) -> float:
+        """A lower bound of the newcomer's inflation on any `devices` of the rows `runs` from
+        their cells: 0 when enough may take turns with it, +inf when there are too few rows."""
         need = profile.devices
-        if len(rows) < need:
+        if sum(rows for _, rows in runs) < need:
             return math.inf
-        if sum(turns for _, turns in rows) >= need:
+        if sum(rows for names, rows in runs if cells[names][1]) >= need:
             return 0.0
         # the tenants of any `need` rows include those of each, so they wait at least what
         # the need-th least-waiting row's tenants alone make it wait
-        return sorted(wait for wait, _ in rows)[need - 1] / profile.period_s
+        return _nth_least_wait(runs, cells, need) / profile.period_s
 
     def _bars(self, newcomer: JobProfile, job: str, memo: dict[str, bool]) -> bool:
         """Whether placed `job` would be pushed past its slack by the newcomer on one of its
@@ -226,10 +242,19 @@ def _by_tenants(profile: JobProfile, runs: list[tuple[tuple[str, ...], int]], ce
     if len(jobs) < 2:
         return one
     least = sorted(facts.least(job) for job in jobs)
-    waits = sorted(cells[names][0] for names, rows in runs for _ in range(rows))
-    several = max(least[0] + least[1], waits[need - 1]) / profile.period_s
+    several = max(least[0] + least[1], _nth_least_wait(runs, cells, need)) / profile.period_s
     shares = sorted(facts.busy_share(job) for job in jobs)
     if busy_s(profile) / profile.period_s + shares[0] + shares[1] <= 1.0 + 1e-9:
         periods = sorted(facts.period_s(job) for job in jobs)
         several = min(several, max(0.0, periods[1] / profile.period_s - 1.0))
     return min(one, several)
+
+
+def _nth_least_wait(runs: list[tuple[tuple[str, ...], int]], cells: dict[tuple[str, ...], Cell], n: int) -> float:
+    """The n-th least of the rows' least waits (each run counted once per row it covers)."""
+    counted = 0
+    for wait, rows in sorted((cells[names][0], rows) for names, rows in runs):
+        counted += rows
+        if counted >= n:
+            return wait
+    return math.inf

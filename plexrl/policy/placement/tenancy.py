@@ -69,6 +69,7 @@ class Tenancy:
         self.placed: dict[str, Placed] = {}
         self.measured: dict[str, float] = {}  # job -> its latest measured step inflation (`Placer.observe`)
         self.open_ended = 0  # placed jobs whose run has no known end (`JobProfile.ends` False)
+        self.calls_unknown = 0  # placed jobs whose profile does not know its calls (`JobProfile.barriers` 0)
         self.row_jobs = np.zeros(len(view.row_device), dtype=np.int64)  # jobs with a share on each row
         self.job_rows: dict[str, np.ndarray] = {}  # placed job -> its device rows
         self.releases = 0
@@ -88,6 +89,7 @@ class Tenancy:
         self.row_jobs[rows] += 1
         self.placed[job] = placed
         self.open_ended += not placed.profile.ends
+        self.calls_unknown += placed.profile.barriers <= 0
         self._changed(job, self.job_rows[job])
 
     def release(self, job: str) -> None:
@@ -97,6 +99,7 @@ class Tenancy:
             self.view.free(job)
             self.horizon.remove(job)
             self.open_ended -= not placed.profile.ends
+            self.calls_unknown -= placed.profile.barriers <= 0
             rows = self.job_rows.pop(job)
             self.row_jobs[rows] -= 1
             self.releases += 1
