@@ -106,7 +106,8 @@ class PlexRLMode(Mode):
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
         for gid, g in enumerate(view.groups):
             Group(gid, [self.workers[d] for d in g.devices])
-        self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S, pack_limit=self.workload.pack_limit))
+        self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S, pack_limit=self.workload.pack_limit,
+                                                     by_effect=self.workload.pack_by_effect))
         self.by_name: dict[str, SimJob] = {}
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job

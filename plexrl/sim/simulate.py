@@ -1,9 +1,11 @@
 """Run one workload in every mode and compare: the simulator's entry point for code and CLI.
 
 Modes by name: `modes.MODE_TABLE`; `alone` is a bound, run only when asked for (`BOUNDS`).
-Every PlexRL mode places with the workload's `pack_limit` (the operator's setting, default
-`placement.PACKING_PAYS`: the simulator's jobs all end, so a shared placement judges them by
-at most that slowdown; `plexrl sim --pack-limit none` judges each by its own slack).
+Every PlexRL mode places with the workload's placement settings: by default a shared placement
+is taken where it lowers the summed completion time of the jobs involved, within every job's
+slack (`pack_by_effect`; the simulator's jobs all declare their steps); the operator's fixed
+`pack_limit` is an option (`plexrl sim --pack-limit 0.333`; `--pack-limit none`: each job's own
+slack alone).
 """
 
 from __future__ import annotations
