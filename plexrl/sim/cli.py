@@ -149,6 +149,11 @@ USER_TABLES = (
                              ("cluster GPU-h/step", "cluster_gpu_hours_per_step"),
                              ("capacity vs colocated", "capacity_vs_colocated"),
                              ("free while queued", "stranded_gpu_share"), ("moves", "jobs_moved")]),
+    ("against the bounds: the tighter of alone and fluid packing; gain = (colocated - mode) / (colocated - bound)",
+     [("makespan h", "makespan_s"), ("bound", "makespan_bound_s"), ("gain", "gain_makespan"),
+      ("JCT mean h", "jct_mean_s"), ("bound", "jct_mean_bound_s"), ("gain", "gain_jct_mean")]),
+    ("steps against their bound", [("steps", "steps"), ("alone", "steps_alone"), ("fluid", "steps_fluid"),
+                                   ("gain", "gain_steps")]),
     ("the placer's inflation model: predicted vs realised",
      [("predicted", "inflation_predicted_mean"), ("realised", "inflation_realised_mean"), ("MAE", "inflation_mae"),
       ("MAE shared", "inflation_mae_shared"), ("jobs shared", "jobs_shared")]),
@@ -160,6 +165,9 @@ SEED_TABLES = (
     ("work", [("steps mean", "steps_mean"), ("capacity mean", "capacity_vs_colocated_mean"),
               ("JCT mean h", "jct_mean_s_mean"), ("makespan mean h", "makespan_s_mean"),
               ("free while queued", "stranded_gpu_share_mean"), ("MAE mean", "inflation_mae_mean")]),
+    ("against the bounds", [("makespan gain", "gain_makespan_mean"), ("JCT gain", "gain_jct_mean_mean"),
+                            ("steps gain", "gain_steps_mean"), ("makespan bound h", "makespan_bound_s_mean"),
+                            ("JCT bound h", "jct_mean_bound_s_mean"), ("steps bound", "steps_bound_mean")]),
 )
 
 
@@ -195,7 +203,7 @@ def _cell(key: str, v) -> str:
             key = key[: -len(suffix)]
     if key.endswith("_s"):
         return f"{v / 3600:.2f}"
-    if key in ("steps", "jobs_shared", "jobs_moved"):
+    if key in ("steps", "jobs_shared", "jobs_moved", "steps_bound", "steps_alone", "steps_fluid"):
         return f"{v:,.0f}"
     if key in ("gpu_hours_per_step", "cluster_gpu_hours_per_step", "capacity_vs_colocated"):
         return f"{v:.3f}"
