@@ -18,11 +18,14 @@ the switch-in its dispatches caused, per GPU. Each rollout call is one replica, 
 back as their replicas finish. A job that shares its GPUs with another job consolidates each
 rollout's long tail onto `TAIL_REPLICAS` replicas (`latency.consolidated_shards`): the other
 replicas' GPUs go to its co-tenants instead of idling through the tail. A job alone on its GPUs
-does not: consolidating frees GPUs nobody is placed to use and makes its own step ~3% slower
-(the tail's re-prefill and its larger batch per replica), as in the baselines, whose jobs own
-their devices. The choice is made as each step begins, from who is placed on the job's GPUs
-then (`Tail.SHARED`); `plexrl-alltail` consolidates every step of every job (`Tail.ALWAYS`),
-`plexrl-wholetail` none (`Tail.NEVER`). A step that consolidates is also elastic (`rollout.py`):
+consolidates too when that is its own good bargain (`tail_pays`: a job's slack is its own): its
+solo step with the tail consolidated spends fewer busy GPU-seconds (the bill it pays, for the
+same tokens) and is slower (the tail's re-prefill and its larger batch per replica, ~3%) by no
+more than its slack; the GPUs it frees in the tail are idle unless the placer puts a job there,
+and its profile for the placer is the consolidated one, so they are offered. The choice is made
+as each step begins, from who is placed on the job's GPUs then (`Tail.SHARED`);
+`plexrl-alltail` consolidates every step of every job (`Tail.ALWAYS`), `plexrl-wholetail` none
+(`Tail.NEVER`). A step that consolidates is also elastic (`rollout.py`):
 each rollout turn decodes on whichever of the job's replicas no call runs on or waits for, and
 the replicas move between the group's rollouts as they come and go (`plexrl-pinned`: dealt
 once to every replica, as the baselines do). A job's profile for the placer says which of its
@@ -91,6 +94,14 @@ def replica_order(devices: tuple[int, ...], gpus_per_node: int, tp: int) -> list
     return whole + rest
 
 
+def tail_pays(whole: JobProfile, consolidated: JobProfile) -> bool:
+    """Whether a job alone on its GPUs consolidates its rollouts' tails: its solo step then keeps
+    its GPUs busy for fewer GPU-seconds (what it is charged) and is slower by no more than its
+    slack (`whole`, `consolidated`: its profiles without and with the tail consolidated)."""
+    return (consolidated.busy_device_s < whole.busy_device_s
+            and consolidated.period_s <= whole.period_s * (1.0 + whole.slack))
+
+
 class PlexRLMode(Mode):
     name = "plexrl"
     charges_reserved = False
@@ -112,6 +123,7 @@ class PlexRLMode(Mode):
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
         self.profiles: dict[str, JobProfile] = {}
+        self.lone_tail: dict[str, bool] = {}  # whether the job consolidates its tails alone too (`tail_pays`)
         self.feedback, self.move_jobs = feedback, move_jobs
         if feedback or move_jobs:
             self.service.on_step = self._on_step
@@ -139,6 +151,9 @@ class PlexRLMode(Mode):
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
         self.profiles[job.name] = profile
+        if self.tail is Tail.SHARED:
+            whole = job_profile(job.spec, job.costs, job.seed, job.index, False, job.plans)
+            self.lone_tail[job.name] = tail_pays(whole, profile)
         job.clock = StepClock(job.spec.slack, profile.period_s)
         decision = self.admission.submit(profile, self.loop.now)
         if isinstance(decision, Placement):
@@ -228,8 +243,9 @@ class PlexRLMode(Mode):
             forecast = self.forecasts[name]
             if forecast.closed is None:
                 forecast.update(now, placer.inflation_of(name), shared)
-            job.consolidate_tail = self.tail is Tail.ALWAYS or (self.tail is Tail.SHARED and shared)
-            job.elastic = self.elastic and job.consolidate_tail
+            job.consolidate_tail = self.tail is Tail.ALWAYS or (
+                self.tail is Tail.SHARED and (shared or self.lone_tail.get(name, False)))
+            job.elastic = self.elastic and job.consolidate_tail and (shared or self.tail is Tail.ALWAYS)
 
     def predicted(self, job: SimJob, end: float) -> tuple[float | None, bool]:
         forecast = self.forecasts.get(job.name)
