@@ -24,14 +24,15 @@ share GPUs more; `plexrl-pinned` and `plexrl-wholetail` (no elastic rollouts) ar
 Then moves at step boundaries within a node group (a job alone on its GPUs moves into a share
 when that lets a waiting job start; a job that shares moves onto unused GPUs while none waits):
 `plexrl-noshift` and `plexrl-pinned` move one job each and changed; the others move none.
-Then a job alone on its GPUs consolidates its rollouts' tails when that spends fewer GPU-seconds
-within its slack (`plexrl_mode.tail_pays`, #53): every mode that consolidates while sharing
-changed (`plexrl-wholetail` never consolidates, `plexrl-alltail` always did).
+Then a job alone on its GPUs consolidates its rollouts' tails while nobody waits, when that saves
+more GPU-seconds than its slower step holds longer, within its slack (`plexrl_mode.tail_pays`,
+#53): of these jobs only `code` qualifies, and in most modes it is never alone while nobody
+waits; `plexrl-pinned` and the fixed-limit run below changed.
 The workload is
 pinned with `pack_limit: null, pack_by_effect: false` (each job judged by its own slack alone,
 1.0), so its jobs share GPUs and every contended path runs; the fixed limit `PACKING_PAYS` shares
 no GPU here: every job queues for its own, and its step times sum to colocated's but for the
-lone jobs' consolidated tails (2% slower steps for fewer GPU-seconds). The default (packing by
+code job's tails, consolidated alone once nobody waits (slower steps for fewer GPU-seconds). The default (packing by
 effect, placement/judgement.py) has figures of its own (`PINNED_BY_EFFECT`).
 """
 
@@ -60,23 +61,23 @@ WORKLOAD = Workload.model_validate({
 PINNED = {
     "colocated": (221, 9174.534602587655, 58949.573765875015, 60.800000000000026, 46801.63455637255),
     "split": (153, 13973.948277924665, 91065.88078119366, 27.680000000000003, 39773.88867401961),
-    "plexrl": (176, 13293.309622345678, 43071.66078222001, 183.36000000000013, 43071.660782219995),
-    "plexrl-hrrn": (176, 13293.309622345678, 43071.66078222001, 183.36000000000013, 43071.660782219995),
-    "plexrl-sjf": (176, 13103.56541661651, 43060.026042540005, 172.16000000000014, 43060.026042539976),
-    "plexrl-fcfs": (176, 13293.309622345678, 43071.66078222001, 183.36000000000013, 43071.660782219995),
-    "plexrl-firstfit": (237, 10058.915880024133, 43465.1077846588, 72.48000000000002, 43465.10778465878),
+    "plexrl": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-hrrn": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-sjf": (175, 13110.3805227908, 43125.48070920474, 173.84000000000015, 43125.48070920471),
+    "plexrl-fcfs": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-firstfit": (197, 9963.691277684131, 43628.82697180693, 72.48000000000002, 43628.826971806906),
     # one node group: packing first has no other group to prefer, so it places as `plexrl`
-    "plexrl-pack": (176, 13293.309622345678, 43071.66078222001, 183.36000000000013, 43071.660782219995),
-    "plexrl-noshift": (204, 12465.323196197285, 44221.08361224953, 162.08000000000007, 44221.08361224951),
+    "plexrl-pack": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
+    "plexrl-noshift": (199, 12438.03012183345, 44354.0402740123, 155.92000000000007, 44354.04027401228),
     "plexrl-wholetail": (226, 14939.101305921535, 46888.99455637256, 148.16000000000014, 46888.99455637255),
     "plexrl-alltail": (165, 13165.854297861173, 42596.67372624957, 172.16000000000008, 42596.67372624955),
-    "plexrl-pinned": (279, 10154.896480155423, 45437.45188823531, 67.52000000000001, 45437.45188823531),
+    "plexrl-pinned": (233, 9227.882784720374, 45709.345648039234, 67.52000000000001, 45709.34564803922),
     # no step boundary of `plexrl` finds a move (one that lets a waiting job start, or unused GPUs
     # for a job that shares), so without moves it runs as `plexrl`
-    "plexrl-nomove": (176, 13293.309622345678, 43071.66078222001, 183.36000000000013, 43071.660782219995),
+    "plexrl-nomove": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
 }
 # `plexrl` under the fixed pack limit PACKING_PAYS (the default before packing by effect)
-PINNED_PAYING = (278, 9369.749231202848, 45430.73188823531, 60.800000000000026, 45430.73188823529)
+PINNED_PAYING = (228, 9189.444699462654, 46265.79005049021, 60.800000000000026, 46265.7900504902)
 # `plexrl` under the default, packing by effect: the same decisions (no share here lowers the jobs'
 # summed completion time: each would wait less for its own GPUs than sharing costs)
 PINNED_BY_EFFECT = PINNED_PAYING
