@@ -243,7 +243,7 @@ def ending(profile: JobProfile) -> JobProfile:
 
 
 def test_a_pack_limit_caps_the_slack_a_shared_placement_of_jobs_that_end_is_judged_by():
-    """`pack_limit` (default `PACKING_PAYS`): a job tolerating a doubled step is still not placed
+    """`pack_limit` (an option, off by default; e.g. `PACKING_PAYS`): a job tolerating a doubled step is still not placed
     where it would be slowed by more than the limit, nor where it would slow a tenant by more,
     when both end; within the limit nothing changes, and a job alone is never refused."""
     from plexrl.policy.placement import PACKING_PAYS
@@ -251,8 +251,8 @@ def test_a_pack_limit_caps_the_slack_a_shared_placement_of_jobs_that_end_is_judg
     assert PACKING_PAYS == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="pack_limit must be >= 0"):
         Placer(view(), 64, 1.0, pack_limit=-1.0)
-    assert Placer(view(), 64, 1.0).pack_limit == PACKING_PAYS
-    free, capped = Placer(view(), 64, 1.0, pack_limit=None), Placer(view(), 64, 1.0)
+    assert Placer(view(), 64, 1.0).pack_limit is None
+    free, capped = Placer(view(), 64, 1.0), Placer(view(), 64, 1.0, pack_limit=PACKING_PAYS)
     for placer in (free, capped):
         assert isinstance(placer.place(ending(job("a", BUSY, 4, 1.0, slack=1.0)), 0.0), Placement)  # alone: 0%
     newcomer = ending(job("b", BUSY, 4, 1.0, slack=1.0))  # 4 barriers x 1.0 s / 8 s = 50% each way
@@ -274,14 +274,16 @@ def test_the_pack_limit_never_keeps_a_job_waiting_on_an_open_ended_one():
     """The limit's premise is that the tenant waited for finishes: next to an open-ended tenant
     (a service session) a newcomer that ends is judged by its own slack, and so is the tenant;
     an open-ended newcomer is judged by its own slack next to anyone, and so are its tenants."""
-    session = Placer(view(), 64, 1.0)
+    from plexrl.policy.placement import PACKING_PAYS
+
+    session = Placer(view(), 64, 1.0, pack_limit=PACKING_PAYS)
     session.place(job("s", BUSY, 4, 1.0, slack=1.0), 0.0)  # open-ended: `ends` False
     assert isinstance(session.decide(ending(job("b", BUSY, 4, 1.0, slack=1.0)), 0.0), Placement)  # 50% <= 100%
-    finite = Placer(view(), 64, 1.0)
+    finite = Placer(view(), 64, 1.0, pack_limit=PACKING_PAYS)
     finite.place(ending(job("a", BUSY, 4, 1.0, slack=1.0)), 0.0)
     assert isinstance(finite.decide(ending(job("b", BUSY, 4, 1.0, slack=1.0)), 0.0), Wait)  # both end: 50% > 33%
     assert isinstance(finite.decide(job("b", BUSY, 4, 1.0, slack=1.0), 0.0), Placement)  # b open-ended: 50% <= 100%
-    released = Placer(view(), 64, 1.0)
+    released = Placer(view(), 64, 1.0, pack_limit=PACKING_PAYS)
     released.place(job("s", BUSY, 4, 1.0, slack=1.0), 0.0)
     released.release("s")  # the open-ended job left: the limit holds again
     released.place(ending(job("a", BUSY, 4, 1.0, slack=1.0)), 0.0)

@@ -195,12 +195,11 @@ def test_the_placer_is_told_each_jobs_measured_inflation(tiny_model):
 
 
 def test_the_pack_limit_reaches_the_placer():
-    """`ClusterConfig.pack_limit` (default `PACKING_PAYS`; it applies to jobs that declared their
-    steps, `JobProfile.ends`; None: every job by its own slack)."""
-    from plexrl.policy.placement import PACKING_PAYS
-
+    """`ClusterConfig.pack_limit` (an option, off by default: None, each job by its own slack and
+    packing by effect where runs are known; a value applies to jobs that declared their steps,
+    `JobProfile.ends`)."""
     with plexrl.LocalCluster(devices=1) as c:
-        assert c.control.target.placer.placer.pack_limit == PACKING_PAYS
+        assert c.control.target.placer.placer.pack_limit is None and c.control.target.placer.placer.by_effect
     with plexrl.LocalCluster(devices=1, pack_limit=0.25) as c:
         assert c.control.target.placer.placer.pack_limit == 0.25
     with plexrl.LocalCluster(devices=1, pack_limit=None) as c:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from plexrl.sim.report import completion_times, summarize
-from plexrl.sim.simulate import simulate
+from plexrl.sim.report import bounds, completion_times, gain_captured, summarize
+from plexrl.sim.simulate import bound_figures, simulate
 from tests.test_sim_modes import CLUSTER, workload
 
 
@@ -55,8 +55,12 @@ def test_plexrl_reports_predicted_and_realised_inflation_per_job(out):
 
 
 def test_summaries_are_a_pure_function_of_the_runs(out):
-    runs = out["runs"]
-    assert summarize(runs["plexrl"], runs["colocated"]) == out["results"]["plexrl"]
+    """The mode's own figures, and the bounds of the whole run beside them (`bound_figures`)."""
+    runs, results = out["runs"], out["results"]
+    limits = bounds(runs["colocated"], list(runs.values()), workload().horizon_s)
+    expected = summarize(runs["plexrl"], runs["colocated"])
+    expected.update(bound_figures(limits, gain_captured(expected, results["colocated"], limits)))
+    assert workload().horizon_s is None and expected == results["plexrl"]
 
 
 def test_the_delay_injected_into_a_step_is_its_time_beyond_solo():

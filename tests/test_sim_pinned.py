@@ -24,11 +24,16 @@ share GPUs more; `plexrl-pinned` and `plexrl-wholetail` (no elastic rollouts) ar
 Then moves at step boundaries within a node group (a job alone on its GPUs moves into a share
 when that lets a waiting job start; a job that shares moves onto unused GPUs while none waits):
 `plexrl-noshift` and `plexrl-pinned` move one job each and changed; the others move none.
+Then a job alone on its GPUs consolidates its rollouts' tails while nobody waits, when that saves
+more GPU-seconds than its slower step holds longer, within its slack (`plexrl_mode.tail_pays`,
+#53): of these jobs only `code` qualifies, and in most modes it is never alone while nobody
+waits; `plexrl-pinned` and the fixed-limit run below changed.
 The workload is
-pinned with `pack_limit: null` (each job judged by its own slack, 1.0), so its jobs share GPUs
-and every contended path runs; the default limit (`PACKING_PAYS`, the sharing that pays for
-jobs that end) shares no GPU here: every job queues for its own, its step times sum to
-colocated's, and its figures are those the `plexrl-paying` mode had when the limit was a mode.
+pinned with `pack_limit: null, pack_by_effect: false` (each job judged by its own slack alone,
+1.0), so its jobs share GPUs and every contended path runs; the fixed limit `PACKING_PAYS` shares
+no GPU here: every job queues for its own, and its step times sum to colocated's but for the
+code job's tails, consolidated alone once nobody waits (slower steps for fewer GPU-seconds). The default (packing by
+effect, placement/judgement.py) has figures of its own (`PINNED_BY_EFFECT`).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from plexrl.sim.workload import SimCluster, Workload
 # 16 GPUs in one node group for five jobs that need 36: they queue, stack and switch.
 CLUSTER = SimCluster(name="pin", nodes_per_pod=2, group_nodes=2)
 WORKLOAD = Workload.model_validate({
-    "name": "pinned", "seed": 3, "pack_limit": None,
+    "name": "pinned", "seed": 3, "pack_limit": None, "pack_by_effect": False,
     "jobs": [
         {"name": "math", "count": 2, "params_b": 7, "dp": 8, "steps": 3, "arrival_every_s": 40, "slack": 1.0},
         {"name": "agent", "count": 2, "params_b": 7, "dp": 4, "steps": 3, "reward_s": 60, "slack": 1.0,
@@ -66,13 +71,16 @@ PINNED = {
     "plexrl-noshift": (199, 12438.03012183345, 44354.0402740123, 155.92000000000007, 44354.04027401228),
     "plexrl-wholetail": (226, 14939.101305921535, 46888.99455637256, 148.16000000000014, 46888.99455637255),
     "plexrl-alltail": (165, 13165.854297861173, 42596.67372624957, 172.16000000000008, 42596.67372624955),
-    "plexrl-pinned": (229, 9199.057225345374, 46776.16076715688, 67.52000000000001, 46776.16076715686),
+    "plexrl-pinned": (233, 9227.882784720374, 45709.345648039234, 67.52000000000001, 45709.34564803922),
     # no step boundary of `plexrl` finds a move (one that lets a waiting job start, or unused GPUs
     # for a job that shares), so without moves it runs as `plexrl`
     "plexrl-nomove": (175, 13299.004728519965, 43129.27544888474, 177.2000000000001, 43129.27544888471),
 }
-# `plexrl` under the default pack limit (PACKING_PAYS)
-PINNED_PAYING = (226, 9174.534602587653, 46801.63455637256, 60.800000000000026, 46801.63455637255)
+# `plexrl` under the fixed pack limit PACKING_PAYS (the default before packing by effect)
+PINNED_PAYING = (228, 9189.444699462654, 46265.79005049021, 60.800000000000026, 46265.7900504902)
+# `plexrl` under the default, packing by effect: the same decisions (no share here lowers the jobs'
+# summed completion time: each would wait less for its own GPUs than sharing costs)
+PINNED_BY_EFFECT = PINNED_PAYING
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +108,21 @@ def test_modes_run_in_several_processes_give_the_same_figures(runs):
         assert all(np.array_equal(a, b) for a, b in zip(r.busy_intervals, one.busy_intervals))
 
 
-def test_the_default_pack_limit_reproduces_its_pinned_figures_exactly():
-    default = Workload.model_validate({k: v for k, v in WORKLOAD.model_dump().items() if k != "pack_limit"})
-    assert default.pack_limit == PACKING_PAYS
-    r = simulate(default, CLUSTER, ("plexrl",))["runs"]["plexrl"]
-    got = (r.events, sum(sum(j.step_times) for j in r.records), sum(j.charged_gpu_s for j in r.records),
-           r.switch_gpu_s, r.busy_gpu_s)
-    assert got == PINNED_PAYING
+def _plexrl_figures(workload: Workload) -> tuple:
+    r = simulate(workload, CLUSTER, ("plexrl",))["runs"]["plexrl"]
+    return (r.events, sum(sum(j.step_times) for j in r.records), sum(j.charged_gpu_s for j in r.records),
+            r.switch_gpu_s, r.busy_gpu_s)
+
+
+def test_the_fixed_pack_limit_reproduces_its_pinned_figures_exactly():
+    assert _plexrl_figures(WORKLOAD.model_copy(update={"pack_limit": PACKING_PAYS})) == PINNED_PAYING
+
+
+def test_the_default_packing_by_effect_reproduces_its_pinned_figures_exactly():
+    default = Workload.model_validate({k: v for k, v in WORKLOAD.model_dump().items()
+                                       if k not in ("pack_limit", "pack_by_effect")})
+    assert default.pack_limit is None and default.pack_by_effect
+    assert _plexrl_figures(default) == PINNED_BY_EFFECT
 
 
 def test_the_pin_covers_every_mode():

@@ -116,7 +116,7 @@ def test_freed_worker_serves_another_job_during_the_tail():
     assert service.ledger.jobs["A"].exec_s == pytest.approx(50.0)
 
 
-def _two_jobs_on_one_set(tail):
+def _two_jobs_on_one_set(tail, slack: float = 1.0, count: int = 2):
     """Two code-style jobs on one 16-GPU set with slack to share it: the first runs alone until
     the second arrives, then both share every GPU."""
     from plexrl.sim.plexrl_mode import PlexRLMode
@@ -124,30 +124,30 @@ def _two_jobs_on_one_set(tail):
 
     cluster = SimCluster(name="one-set", nodes_per_pod=2, group_nodes=2)
     workload = Workload.model_validate({"name": "pair", "seed": 1, "jobs": [
-        {"name": "code", "count": 2, "algorithm": "dapo", "params_b": 30, "active_params_b": 3, "tp": 2, "dp": 8,
-         "steps": 6, "reward_s": 650, "arrival_every_s": 1500, "slack": 1.0, "rollout": {"prompts": 64}},
+        {"name": "code", "count": count, "algorithm": "dapo", "params_b": 30, "active_params_b": 3, "tp": 2,
+         "dp": 8, "steps": 6, "reward_s": 650, "arrival_every_s": 1500, "slack": slack, "rollout": {"prompts": 64}},
     ]})
     mode = PlexRLMode(workload, cluster, Policy.PLEXRL, tail=tail)
     mode.run()
     return mode
 
 
-def test_a_job_consolidates_its_tail_only_while_it_shares_its_gpus():
-    """`Tail.SHARED` (the default): a job alone on its GPUs keeps every replica through the tail
-    (consolidating would free GPUs nobody is placed to use, at a cost to its own step); once a
-    co-tenant is placed on them it consolidates from its next step on, and stops when the
-    co-tenant leaves. `Tail.ALWAYS` and `Tail.NEVER` decide the same for every step. Each
-    step's solo time is planned the way that step ran."""
+def test_a_job_consolidates_its_tail_while_it_shares_its_gpus_or_while_that_pays_alone():
+    """`Tail.SHARED` (the default): a job consolidates while a co-tenant is placed on its GPUs
+    (from its next step on), and alone when that is its own bargain (`tail_pays`: this code job's
+    consolidated solo step spends ~1,600 fewer GPU-seconds, ~41%, and holds its 16 GPUs ~18 s longer,
+    ~3%, within its slack of 100%). Its rollouts are elastic only while it shares (alone, they are dealt once, as the
+    baselines' are: no job runs faster than alone). `Tail.ALWAYS` and `Tail.NEVER` decide the same
+    for every step. Each step's solo time is planned the way that step ran."""
     from plexrl.sim.plexrl_mode import Tail
 
     mode = _two_jobs_on_one_set(Tail.SHARED)
     first, second = mode.by_name["code-0"], mode.by_name["code-1"]
     assert first.finished is not None and second.finished is not None
     assert second.started < first.finished, "the workload must make them share"
-    assert first.tail_steps[0] is False, "alone when it began"
-    assert True in first.tail_steps, "it consolidates once the second job shares its GPUs"
-    assert second.tail_steps[0] is True, "the second job shares from its first step"
-    assert second.tail_steps[-1] is False, "alone again after the first job has finished"
+    assert mode.lone_tail == {"code-0": True, "code-1": True}
+    assert all(first.tail_steps) and all(second.tail_steps), "alone or sharing, consolidating pays"
+    assert second.elastic is False, "alone at the end: its rollouts are dealt once again"
     for job in (first, second):
         rollout, train = len(job.workers["sampler"]), len(job.workers["trainer"])
         want = sum(solo_step_s(job.plans.step(job.spec, job.seed, job.index, job.costs, k, rollout, train, tail))
@@ -156,3 +156,32 @@ def test_a_job_consolidates_its_tail_only_while_it_shares_its_gpus():
     for tail, every in ((Tail.ALWAYS, True), (Tail.NEVER, False)):
         mode = _two_jobs_on_one_set(tail)
         assert all(t is every for job in mode.by_name.values() for t in job.tail_steps)
+
+
+def test_a_job_whose_slack_the_consolidated_tail_would_exceed_keeps_its_tail_alone():
+    """Slack 1%: a consolidated step (~3% slower) would break it, so alone the job keeps every
+    replica through the tail, every step."""
+    from plexrl.sim.plexrl_mode import Tail
+
+    mode = _two_jobs_on_one_set(Tail.SHARED, slack=0.01, count=1)
+    job = mode.by_name["code"]
+    assert mode.lone_tail == {"code": False} and job.finished is not None
+    assert not any(job.tail_steps)
+
+
+def test_tail_pays_when_it_saves_more_gpu_time_than_it_holds_longer_within_the_slack():
+    from plexrl.policy.profile import JobProfile, ModelMemory
+    from plexrl.sim.plexrl_mode import tail_pays
+
+    def profile(period_s, demand, slack=0.1):
+        return JobProfile("j", period_s, demand, 2, (ModelMemory("m", 1, 1),), slack)
+
+    whole = profile(10.0, (2, 2, 1, 1, 0))  # 12 GPU-s per step on 2 GPUs
+    # 5% slower: 2 x 0.5 = 1.0 GPU-s held longer, 12 - 10.5 = 1.5 saved
+    assert tail_pays(whole, profile(10.5, (2, 2, 1, 0, 0)))
+    # 2 x 1.0 = 2.0 GPU-s held longer, 12 - 11 x 1.0 = 1.0 saved: the cluster loses GPU-time
+    assert not tail_pays(whole, profile(11.0, (2, 2, 0.5, 0.5, 0)))
+    # 15% slower, past the slack of 10% (2 x 1.5 = 3.0 held longer, 12 - 6.9 = 5.1 saved)
+    assert not tail_pays(whole, profile(11.5, (2, 1, 0, 0, 0)))
+    assert tail_pays(profile(10.0, (2, 2, 1, 1, 0), slack=0.2), profile(11.5, (2, 1, 0, 0, 0)))
+    assert not tail_pays(whole, profile(10.0, (2, 2, 1, 1, 0)))  # nothing saved

@@ -111,26 +111,32 @@ def test_cli_json_has_every_documented_field(tmp_path, capsys):
 
 
 def test_cli_pack_limit_overrides_the_workloads(tmp_path, capsys):
-    """`--pack-limit none` judges every job by its own slack, as the workload's `pack_limit: null`
-    does; a bad value is refused naming what was expected."""
+    """`--pack-limit none` judges every job by its own slack alone, as the workload's
+    `pack_limit: null, pack_by_effect: false` does; `--pack-limit X` by at most X, as
+    `pack_limit: X, pack_by_effect: false`; `--pack-limit effect` is the default (packing by
+    effect). A bad value is refused naming what was expected."""
     jobs = "jobs:\n  - {name: a, count: 3, params_b: 7, dp: 8, steps: 3, arrival_every_s: 40, slack: 1.0}\n"
     cluster = tmp_path / "small.yaml"
     cluster.write_text("name: small\nnodes_per_pod: 2\ngroup_nodes: 2\n")  # 16 GPUs for 24 GPUs of demand
     head = f"name: packing\ncluster: {cluster}\n"
     runs = {}
-    for name, text, extra in (("default", head + jobs, []), ("flag", head + jobs, ["--pack-limit", "none"]),
-                              ("file", head + "pack_limit: null\n" + jobs, [])):
+    for name, text, extra in (("default", head + jobs, []), ("effect", head + jobs, ["--pack-limit", "effect"]),
+                              ("flag", head + jobs, ["--pack-limit", "none"]),
+                              ("file", head + "pack_limit: null\npack_by_effect: false\n" + jobs, []),
+                              ("third", head + jobs, ["--pack-limit", "0.333"]),
+                              ("third-file", head + "pack_limit: 0.333\npack_by_effect: false\n" + jobs, [])):
         path = tmp_path / f"{name}.yaml"
         path.write_text(text)
         assert main([str(path), "--json", "--modes", "plexrl", "--processes", "1", *extra]) == 0
         runs[name] = json.loads(capsys.readouterr().out)["results"]["plexrl"]["jobs"]
-    assert runs["flag"] == runs["file"] != runs["default"]  # without the limit the third job shares at once
+    assert runs["flag"] == runs["file"] != runs["default"]  # without the effect rule the third job shares at once
+    assert runs["default"] == runs["effect"] and runs["third"] == runs["third-file"]
     assert any(job["shared"] for job in runs["flag"].values()) and runs["default"]["a-2"]["queue_delay_s"] > 0
     for bad in ("-0.5", "half"):
         with pytest.raises(SystemExit) as exit_:
             main([str(tmp_path / "default.yaml"), "--pack-limit", bad])
         assert exit_.value.code == 2
-        assert f"'{bad}': expected a step slowdown >= 0 (e.g. 0.333) or 'none'" in capsys.readouterr().err
+        assert f"'{bad}': expected a step slowdown >= 0 (e.g. 0.333), 'none' or 'effect'" in capsys.readouterr().err
 
 
 def test_cli_refuses_zero_processes(capsys):

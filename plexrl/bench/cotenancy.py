@@ -67,7 +67,8 @@ def run_combination(workload: Workload, cluster: SimCluster, combo: tuple[Worklo
             for i, spec in enumerate(combo)]
     slowest = max(job_profile(j, job_costs(j, cluster), workload.seed, 0).period_s for j in jobs)
     sim = Workload(name="+".join(j.name for j in combo), seed=workload.seed, cluster=cluster.name,
-                   horizon_s=PERIODS * slowest, jobs=jobs, pack_limit=None)  # no limit: each job's slack
+                   horizon_s=PERIODS * slowest, jobs=jobs, pack_limit=None,
+                   pack_by_effect=False)  # each job's slack alone: every combination shares, to be measured
     out = simulate(sim, cluster, modes=(mode,))["results"][mode]["jobs"]
     rows = [{"job": j.name, "class": spec.name, "shared": bool(out[j.name]["shared"]),
              "predicted": out[j.name]["inflation_predicted"], "realised": out[j.name]["inflation_realised"]}

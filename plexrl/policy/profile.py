@@ -89,6 +89,9 @@ class JobProfile:
     # Its run has a known end (it declared its steps): placement may judge it by less than its
     # slack ("Packing when it pays", placement/judgement.py). False: open-ended (a service session).
     ends: bool = False
+    # The steps of its run when it declared them (0: not known): with `period_s`, the run the placer
+    # weighs a shared placement's effect by ("Packing by effect", placement/judgement.py).
+    steps: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "demand", tuple(float(d) for d in self.demand))
@@ -119,6 +122,8 @@ class JobProfile:
                              f"got {self.rollout_residual_s}")
         if not 0.0 <= self.rollout_s <= self.period_s * (1 + 1e-9):
             raise ValueError(f"{where}: rollout_s must lie in [0, period_s={self.period_s}], got {self.rollout_s}")
+        if self.steps < 0:
+            raise ValueError(f"{where}: steps must be >= 0 (0: not known), got {self.steps}")
         if self.replica_devices < 1 or self.devices % self.replica_devices:
             raise ValueError(
                 f"{where}: replica_devices = {self.replica_devices} must be >= 1 and divide "
@@ -149,6 +154,11 @@ class JobProfile:
         """Device-seconds the job is busy over one step (computed once: placement asks it of
         every tenant in every decision)."""
         return sum(self.demand) * self.slot_s
+
+    @property
+    def run_s(self) -> float:
+        """Its whole run alone, when it declared its steps (`steps` periods); 0.0 when not known."""
+        return self.steps * self.period_s if self.ends else 0.0
 
     def cumulative(self) -> np.ndarray:
         """Busy device-seconds from the step start to each slot edge (len(demand) + 1 values)."""

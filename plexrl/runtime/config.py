@@ -13,7 +13,7 @@ from pathlib import Path
 
 from plexrl.api import errors
 from plexrl.policy import Policy
-from plexrl.policy.placement import PACKING_PAYS, FirstFit, Placer
+from plexrl.policy.placement import FirstFit, Placer
 
 MiB = 1 << 20
 # `placement` -> the policy's placer that the runtime's JobPlacer builds
@@ -60,10 +60,12 @@ class ClusterConfig:
     # None: on where each device has a process of its own (process, Ray engines); off on the local
     # engine, whose devices are threads of one interpreter (two of them compute no faster than one).
     read_replicas: bool | None = None
-    # The largest slack the placer judges a job by when it shares devices with jobs that end, and
-    # ends itself (it declared its steps: `service_client(steps=...)`; policy/placement/judgement.py, "Packing
-    # when it pays"). Open-ended jobs (service sessions) are judged by their own slack. None: every job.
-    pack_limit: float | None = PACKING_PAYS
+    # An option, off by default: the largest slack the placer judges a job by when it shares devices
+    # with jobs that end, and ends itself (it declared its steps: `service_client(steps=...)`), e.g.
+    # `PACKING_PAYS`. None: each job's own slack, a shared placement taken where it lowers the jobs'
+    # summed completion time when their runs are known (policy/placement/judgement.py, "Packing by
+    # effect"; the runtime's profiles do not carry their step counts yet, so there the slack decides).
+    pack_limit: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "devices_per_node", "device_memory_bytes", "host_memory_bytes", "horizon_slots",

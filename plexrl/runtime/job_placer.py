@@ -48,7 +48,6 @@ from plexrl.policy import (
     measured_inflation,
     profile_from_events,
 )
-from plexrl.policy.placement import PACKING_PAYS
 from plexrl.runtime.config import PLACEMENTS
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ class JobRecord:
 
 class JobPlacer:
     def __init__(self, view: ResourceView, horizon_slots: int, slot_s: float, placement: str,
-                 profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = PACKING_PAYS):
+                 profile_steps: int, drift_tolerance: float = 0.25, pack_limit: float | None = None):
         placer_cls = PLACEMENTS[placement]  # `ClusterConfig.placement`
         # pooled: the group scheduler runs a group's states on whichever of its devices is free
         self.placer = placer_cls(view, horizon_slots=horizon_slots, slot_s=slot_s, pack_limit=pack_limit, pooled=True)

@@ -1,4 +1,4 @@
-"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N] [--pack-limit X|none]
+"""`plexrl sim WORKLOAD [--cluster FILE] [--json] [--plots DIR] [--modes a,b] [--seeds N] [--pack-limit X|none|effect]
 [--processes N] [--trace DIR]` and
 `plexrl sim calibrate EVENTS.jsonl [--device-bytes N] [--policy P] [--json]`.
 
@@ -41,9 +41,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         f"{','.join(BOUNDS)} (every job on GPUs of its own from its arrival: what no schedule beats)")
     p.add_argument("--seeds", type=int, default=1,
                    help="run seeds seed..seed+N-1 and add per-mode mean/worst figures as 'over_seeds' (default 1)")
-    p.add_argument("--pack-limit", type=pack_limit, default=None, metavar="X|none",
-                   help="the largest step slowdown a shared placement judges jobs by, e.g. 0.333, or 'none' for "
-                        "each job's own slack (default: the workload's pack_limit, 1/3 unless it sets one)")
+    p.add_argument("--pack-limit", type=pack_limit, default=None, metavar="X|none|effect",
+                   help="how a shared placement is judged: 'effect' (sharing only where it lowers the jobs' summed "
+                        "completion time, within every job's slack), a fixed largest step slowdown, e.g. 0.333, or "
+                        "'none' (each job's own slack alone) (default: the workload's, 'effect' unless it sets one)")
     p.add_argument("--trace", type=Path, metavar="DIR",
                    help="also write each mode's run (the first seed's) as MODE.events.jsonl, the runtime's event log "
                         "format, and MODE.trace.json, what plexrl trace writes (ui.perfetto.dev opens it)")
@@ -53,20 +54,27 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-_NO_LIMIT = "none"
+_NO_LIMIT, _BY_EFFECT = "none", "effect"
 
 
 def pack_limit(text: str) -> float | str:
-    """`--pack-limit`: a fraction of a step >= 0, or 'none'."""
-    if text.strip().lower() == _NO_LIMIT:
-        return _NO_LIMIT
+    """`--pack-limit`: a fraction of a step >= 0, 'none' or 'effect'."""
+    if text.strip().lower() in (_NO_LIMIT, _BY_EFFECT):
+        return text.strip().lower()
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a step slowdown >= 0 (e.g. 0.333) or 'none'")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a step slowdown >= 0 (e.g. 0.333), 'none' or 'effect'")
     return value
+
+
+def packing(choice: float | str) -> dict:
+    """The workload's placement fields for `--pack-limit` `choice`."""
+    if choice == _BY_EFFECT:
+        return {"pack_limit": None, "pack_by_effect": True}
+    return {"pack_limit": None if choice == _NO_LIMIT else choice, "pack_by_effect": False}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workload = load_workload(args.workload)
         if args.pack_limit is not None:
-            workload = workload.model_copy(update={"pack_limit": None if args.pack_limit == _NO_LIMIT else args.pack_limit})
+            workload = workload.model_copy(update=packing(args.pack_limit))
         cluster = load_cluster(args.cluster or workload.cluster)
         modes = tuple(m for m in args.modes.split(",") if m)
         runs = len(set(modes) | {"colocated"}) * args.seeds
@@ -141,6 +149,11 @@ USER_TABLES = (
                              ("cluster GPU-h/step", "cluster_gpu_hours_per_step"),
                              ("capacity vs colocated", "capacity_vs_colocated"),
                              ("free while queued", "stranded_gpu_share"), ("moves", "jobs_moved")]),
+    ("against the bounds: the tighter of alone and fluid packing; gain = (colocated - mode) / (colocated - bound)",
+     [("makespan h", "makespan_s"), ("bound", "makespan_bound_s"), ("gain", "gain_makespan"),
+      ("JCT mean h", "jct_mean_s"), ("bound", "jct_mean_bound_s"), ("gain", "gain_jct_mean")]),
+    ("steps against their bound", [("steps", "steps"), ("alone", "steps_alone"), ("fluid", "steps_fluid"),
+                                   ("gain", "gain_steps")]),
     ("the placer's inflation model: predicted vs realised",
      [("predicted", "inflation_predicted_mean"), ("realised", "inflation_realised_mean"), ("MAE", "inflation_mae"),
       ("MAE shared", "inflation_mae_shared"), ("jobs shared", "jobs_shared")]),
@@ -152,6 +165,9 @@ SEED_TABLES = (
     ("work", [("steps mean", "steps_mean"), ("capacity mean", "capacity_vs_colocated_mean"),
               ("JCT mean h", "jct_mean_s_mean"), ("makespan mean h", "makespan_s_mean"),
               ("free while queued", "stranded_gpu_share_mean"), ("MAE mean", "inflation_mae_mean")]),
+    ("against the bounds", [("makespan gain", "gain_makespan_mean"), ("JCT gain", "gain_jct_mean_mean"),
+                            ("steps gain", "gain_steps_mean"), ("makespan bound h", "makespan_bound_s_mean"),
+                            ("JCT bound h", "jct_mean_bound_s_mean"), ("steps bound", "steps_bound_mean")]),
 )
 
 
@@ -187,7 +203,7 @@ def _cell(key: str, v) -> str:
             key = key[: -len(suffix)]
     if key.endswith("_s"):
         return f"{v / 3600:.2f}"
-    if key in ("steps", "jobs_shared", "jobs_moved"):
+    if key in ("steps", "jobs_shared", "jobs_moved", "steps_bound", "steps_alone", "steps_fluid"):
         return f"{v:,.0f}"
     if key in ("gpu_hours_per_step", "cluster_gpu_hours_per_step", "capacity_vs_colocated"):
         return f"{v:.3f}"

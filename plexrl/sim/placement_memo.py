@@ -40,6 +40,7 @@ class MemoPlacer:
         self.placer, self.memo = placer, memo
         view, horizon = placer.view, placer.horizon
         self._history = memo.history(-1, (type(placer).__name__, placer.max_shifts, placer.pack_limit, placer.pack_first,
+                                          placer.by_effect,
                                           horizon.slots, horizon.slot_s,
                                           tuple(g.name for g in view.groups), len(view.row_device)))
 

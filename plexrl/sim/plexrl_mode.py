@@ -18,11 +18,17 @@ the switch-in its dispatches caused, per GPU. Each rollout call is one replica, 
 back as their replicas finish. A job that shares its GPUs with another job consolidates each
 rollout's long tail onto `TAIL_REPLICAS` replicas (`latency.consolidated_shards`): the other
 replicas' GPUs go to its co-tenants instead of idling through the tail. A job alone on its GPUs
-does not: consolidating frees GPUs nobody is placed to use and makes its own step ~3% slower
-(the tail's re-prefill and its larger batch per replica), as in the baselines, whose jobs own
-their devices. The choice is made as each step begins, from who is placed on the job's GPUs
-then (`Tail.SHARED`); `plexrl-alltail` consolidates every step of every job (`Tail.ALWAYS`),
-`plexrl-wholetail` none (`Tail.NEVER`). A step that consolidates is also elastic (`rollout.py`):
+consolidates too when that is its own bargain and nobody else pays for it (a job's slack is its
+own): its solo step with the tail consolidated is slower (the tail's re-prefill and its larger
+batch per replica, ~3%) by no more than its slack and spends fewer busy GPU-seconds (the bill it
+pays, for the same tokens) by more than its slower step holds its GPUs longer (`tail_pays`), and
+no job waits for a place: while one does, the longer hold of its GPUs would delay the queue, and
+the GPUs its tail frees serve nobody unless the placer puts a job beside it (its profile for the
+placer is the consolidated one, so they are offered; then it shares, and consolidates for that).
+The choice is made as each step begins, from who is placed on the job's GPUs and whether a job
+waits (`Tail.SHARED`); `plexrl-alltail` consolidates every step of every job (`Tail.ALWAYS`),
+`plexrl-wholetail` none (`Tail.NEVER`). A step that consolidates while it shares is also elastic
+(`rollout.py`; alone its rollouts are dealt once, as the baselines' are):
 each rollout turn decodes on whichever of the job's replicas no call runs on or waits for, and
 the replicas move between the group's rollouts as they come and go (`plexrl-pinned`: dealt
 once to every replica, as the baselines do). A job's profile for the placer says which of its
@@ -91,6 +97,18 @@ def replica_order(devices: tuple[int, ...], gpus_per_node: int, tp: int) -> list
     return whole + rest
 
 
+def tail_pays(whole: JobProfile, consolidated: JobProfile) -> bool:
+    """Whether a job alone on its GPUs consolidates its rollouts' tails (`whole`, `consolidated`:
+    its solo step without and with): its slower step then stays within its slack, and the busy
+    GPU-seconds it no longer spends (its bill, for the same tokens) exceed the GPU-seconds its
+    slower step holds longer (its GPUs times the extra seconds), so the cluster gets GPU-time back.
+    A 30B job whose tail idles most of its replicas saves several times what it holds longer; a 7B
+    job saves less than it holds."""
+    extra_held = whole.devices * (consolidated.period_s - whole.period_s)
+    return (whole.busy_device_s - consolidated.busy_device_s > extra_held
+            and consolidated.period_s <= whole.period_s * (1.0 + whole.slack))
+
+
 class PlexRLMode(Mode):
     name = "plexrl"
     charges_reserved = False
@@ -106,11 +124,14 @@ class PlexRLMode(Mode):
         self.workers = {d: self.new_worker() for g in view.groups for d in g.devices}
         for gid, g in enumerate(view.groups):
             Group(gid, [self.workers[d] for d in g.devices])
-        self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S, pack_limit=self.workload.pack_limit))
+        self.admission = AdmissionQueue(placer(view, HORIZON_SLOTS, SLOT_S, pack_limit=self.workload.pack_limit,
+                                                     by_effect=self.workload.pack_by_effect))
         self.by_name: dict[str, SimJob] = {}
         self.forecasts: dict[str, Forecast] = {}  # placed jobs' predicted inflation over time
         self.measured: dict[str, float] = {}  # the inflation last told to the placer, per job
         self.profiles: dict[str, JobProfile] = {}
+        self.lone_tail: dict[str, bool] = {}  # whether the job consolidates its tails alone too (`tail_pays`)
+        self.queued = False  # some job waits for a place (then no job consolidates alone)
         self.feedback, self.move_jobs = feedback, move_jobs
         if feedback or move_jobs:
             self.service.on_step = self._on_step
@@ -137,11 +158,15 @@ class PlexRLMode(Mode):
         if len(self.empty_view.feasible_groups(profile)) == 0:
             raise ConfigError(f"job {job.name!r} can never be placed, even on an empty cluster: "
                               f"{self.empty_view.shortfall(profile)}")
+        if self.consolidates_tail:
+            whole = job_profile(job.spec, job.costs, job.seed, job.index, False, job.plans)
+            self.lone_tail[job.name] = self.tail is Tail.SHARED and tail_pays(whole, profile)
         self.profiles[job.name] = profile
         job.clock = StepClock(job.spec.slack, profile.period_s)
         decision = self.admission.submit(profile, self.loop.now)
         if isinstance(decision, Placement):
             self._launch(job, decision)
+        self._queue_changed()
 
     def _job_done(self, job: SimJob) -> None:
         tenants = self._cotenants(job)
@@ -153,6 +178,7 @@ class PlexRLMode(Mode):
         self._cotenants_changed(tenants)
         for admission in admissions:
             self._launch(self.by_name[admission.job], admission.placement)
+        self._queue_changed()
 
     def _launch(self, job: SimJob, placement: Placement) -> None:
         workers = [self.workers[d] for d in replica_order(placement.devices, self.cluster.gpus_per_node, job.spec.tp)]
@@ -180,6 +206,7 @@ class PlexRLMode(Mode):
         pause_s = self._move(job, moved)
         if admission is not None:
             self._launch(self.by_name[admission.job], admission.placement)
+            self._queue_changed()
         return pause_s
 
     def _move(self, job: SimJob, moved: Placement) -> float:
@@ -227,8 +254,26 @@ class PlexRLMode(Mode):
             forecast = self.forecasts[name]
             if forecast.closed is None:
                 forecast.update(now, placer.inflation_of(name), shared)
-            job.consolidate_tail = self.tail is Tail.ALWAYS or (self.tail is Tail.SHARED and shared)
-            job.elastic = self.elastic and job.consolidate_tail
+            self._set_tail(job, shared)
+
+    def _set_tail(self, job: SimJob, shared: bool) -> None:
+        """Whether `job` consolidates its rollouts' tails from its next step on (module docstring);
+        its rollouts are elastic only while it shares (alone they are dealt once, as the baselines'
+        are: no job runs faster than alone)."""
+        alone_pays = self.lone_tail.get(job.name, False) and not self.queued
+        job.consolidate_tail = self.tail is Tail.ALWAYS or (self.tail is Tail.SHARED and (shared or alone_pays))
+        job.elastic = self.elastic and job.consolidate_tail and (shared or self.tail is Tail.ALWAYS)
+
+    def _queue_changed(self) -> None:
+        """Whether a job waits may have changed: the placed jobs alone whose tails pay decide again."""
+        queued = self.admission.queued > 0
+        if queued == self.queued:
+            return
+        self.queued = queued
+        for name, forecast in self.forecasts.items():
+            if forecast.closed is None and self.lone_tail.get(name, False):
+                job = self.by_name[name]
+                self._set_tail(job, bool(self._cotenants(job)))
 
     def predicted(self, job: SimJob, end: float) -> tuple[float | None, bool]:
         forecast = self.forecasts.get(job.name)

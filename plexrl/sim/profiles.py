@@ -73,7 +73,7 @@ def job_profile(job: WorkloadJob, costs: JobCosts, seed: int, index: int, consol
     models = model_memory(job, costs)
     moments = call_moments(phases, period, elastic and consolidate_tail)
     return JobProfile(job.name, period, tuple(np.minimum(demand, job.gpus)), job.gpus, models, job.slack,
-                      replica_devices=job.tp, ends=True, **moments)
+                      replica_devices=job.tp, ends=True, steps=job.steps, **moments)
 
 
 def call_moments(phases: list[Phase], period: float, elastic: bool = False) -> dict:

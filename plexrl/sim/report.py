@@ -12,6 +12,19 @@ The operator's figures (docs/design.md §7): steps completed, mean job completio
 GPU-hours per completed step (every GPU of the cluster over the run, busy or not) and
 `capacity_vs_colocated`, steps per cluster GPU-hour relative to colocated's, and the share of
 the cluster no job held while jobs waited for a place (`stranded_gpus`).
+Bounds (beside every mode's figures; `bounds`, `gain_captured`): what no schedule beats on
+makespan, mean JCT and steps. The `alone` bound: every job on GPUs of its own from its
+arrival, at its colocated speed (the `alone` mode's run, or colocated's own step times when it
+finished every job). The fluid bound: each job's work, its busy GPU-seconds per step at its
+alone speed (the least any mode of the run spent on a step of it: consolidating a rollout tail
+spends less) times its steps, packed perfectly into the cluster's GPUs from its arrival, and no
+job faster than alone: the makespan no earlier than the last arrival t plus the work arriving
+from t over the cluster's GPUs; the mean JCT no less than the preemptive shortest-remaining-work
+order gives on one machine as fast as the whole cluster (optimal for that relaxation, and at
+every time the most jobs done); the steps by the horizon no more than the cheapest steps the
+cluster's GPU-time holds, each job at most its `alone` steps. `gain_captured` =
+(colocated - mode) / (colocated - bound) per figure, against the tighter of the two bounds: the
+share of the headroom a mode takes (None where colocated is at the bound).
 Co-tenancy (PlexRL modes): per job the placer's predicted step inflation (averaged over the
 steps of its placement, `Forecast`) against the realised one (its steps' time over their solo time, minus 1), and
 their mean absolute error, over all placed jobs and over the jobs that shared a GPU.
@@ -149,6 +162,100 @@ def cotenancy(result: ModeResult) -> dict:
         "inflation_mae_shared": float(err[shared].mean()) if shared.any() else None,
         "jobs_shared": int(shared.sum()),
     }
+
+
+BOUND_FIGURES = ("makespan_s", "jct_mean_s", "steps")  # figures with bounds; steps is the one larger is better
+
+
+def bounds(alone: ModeResult, runs: list[ModeResult], horizon_s: float | None) -> dict:
+    """{"makespan_s", "jct_mean_s", "steps"} -> {"alone": bound, "fluid": bound, "bound": the tighter}
+    (module docstring). `alone`: the `alone` mode's run (every job on GPUs of its own from its
+    arrival), or colocated's when it finished every job (its step times are the jobs' alone; its
+    queueing is left out); `runs`: every mode's run of the same workload (a job's busy
+    GPU-seconds per step is the least any of them spent)."""
+    gpus = alone.cluster_gpus
+    per_step: dict[str, float] = {}
+    for run in runs:
+        for r in run.records:
+            if r.steps > 0 and r.busy_gpu_s > 0:
+                per_step[r.name] = min(per_step.get(r.name, float("inf")), r.busy_gpu_s / r.steps)
+    jobs = [(r.arrival, _alone_run_s(r), per_step.get(r.name, 0.0) * r.planned_steps, r) for r in alone.records]
+    end = float("inf") if horizon_s is None else horizon_s
+    first = min(a for a, _, _, _ in jobs)
+    by_arrival = sorted(jobs, key=lambda j: j[0])
+    work_from, fluid_span = 0.0, 0.0
+    for arrival, _, work, _ in reversed(by_arrival):
+        work_from += work
+        fluid_span = max(fluid_span, arrival + work_from / gpus)
+    fluid_span = min(fluid_span, end) - first
+    srpt = _srpt_completions([(a, w / gpus) for a, _, w, _ in jobs], end)
+    fluid_jct = sum(min(c, end) - a for c, (a, _, _, _) in zip(srpt, jobs)) / len(jobs)
+    alone_span = min(max(a + run for a, run, _, _ in jobs), end) - first
+    alone_jct = sum(min(a + run, end) - a for a, run, _, _ in jobs) / len(jobs)
+    out = {"makespan_s": {"alone": alone_span, "fluid": fluid_span},
+           "jct_mean_s": {"alone": alone_jct, "fluid": fluid_jct},
+           "steps": {"alone": sum(r.steps for r in alone.records),
+                     "fluid": _fluid_steps([(per_step.get(r.name, 0.0), r.steps) for r in alone.records],
+                                           gpus * (end - first))}}
+    for figure, b in out.items():
+        b["bound"] = min(b["alone"], b["fluid"]) if figure == "steps" else max(b["alone"], b["fluid"])
+    return out
+
+
+def _alone_run_s(record) -> float:
+    """A job's run alone: its step times (those of the steps it ran before the run's end, when
+    that cut it off: still no more than its whole run)."""
+    return sum(record.step_times)
+
+
+def _srpt_completions(jobs: list[tuple[float, float]], end: float) -> list[float]:
+    """Completion times of (arrival, processing seconds) jobs on one machine, preemptive shortest
+    remaining processing time first (inf for those not done by `end`)."""
+    import heapq
+
+    order = sorted(range(len(jobs)), key=lambda k: jobs[k][0])
+    done, ready, t, i = [float("inf")] * len(jobs), [], 0.0, 0
+    while i < len(order) or ready:
+        if not ready:
+            t = max(t, jobs[order[i]][0])
+        while i < len(order) and jobs[order[i]][0] <= t:
+            heapq.heappush(ready, (jobs[order[i]][1], order[i]))
+            i += 1
+        left, k = heapq.heappop(ready)
+        until = jobs[order[i]][0] if i < len(order) else float("inf")
+        if t + left <= until:
+            t += left
+            if t > end:
+                break
+            done[k] = t
+        else:
+            heapq.heappush(ready, (left - (until - t), k))
+            t = until
+        if t >= end:
+            break
+    return done
+
+
+def _fluid_steps(jobs: list[tuple[float, int]], gpu_s: float) -> float:
+    """The most steps `gpu_s` GPU-seconds hold, cheapest first: (busy GPU-s per step, most steps) per job."""
+    steps = 0.0
+    for cost, most in sorted(jobs):
+        take = most if cost <= 0 else min(most, gpu_s / cost)
+        steps += take
+        gpu_s -= take * cost
+        if gpu_s <= 0:
+            break
+    return steps
+
+
+def gain_captured(summary: dict, colocated: dict, bound: dict) -> dict:
+    """Per figure of `BOUND_FIGURES`: (colocated - mode) / (colocated - bound), None where
+    colocated is at the bound."""
+    out = {}
+    for figure in BOUND_FIGURES:
+        room = colocated[figure] - bound[figure]["bound"]
+        out[figure] = (colocated[figure] - summary[figure]) / room if abs(room) > 1e-9 * max(1.0, abs(room)) else None
+    return out
 
 
 def summarize(result: ModeResult, baseline: ModeResult) -> dict:

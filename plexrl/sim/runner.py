@@ -65,6 +65,8 @@ class SimJobRecord:
     placed: float | None = None  # when its GPUs became its own (PlexRL: before its phase shift)
     devices: tuple[int, ...] = ()  # the GPUs it held from then, or from its last move (ids of the mode's workers)
     moves: tuple[tuple[float, tuple[int, ...]], ...] = ()  # (when, the GPUs it held until then) per move
+    busy_gpu_s: float = 0.0  # GPU-seconds its calls executed (switches excluded): the work of its completed steps
+    planned_steps: int = 0  # the steps it declared (`WorkloadJob.steps`)
 
     @property
     def realised_inflation(self) -> float | None:
@@ -215,6 +217,7 @@ class Mode:
                 0.0 if usage is None else usage.switch_s, job.submitted, job.served,
                 job.spec.slack, job.solo_s(), predicted, shared, job.spec.name, job.placed,
                 tuple(sorted({w.wid for workers in job.workers.values() for w in workers})), tuple(job.moves),
+                0.0 if usage is None else usage.exec_s, job.spec.steps,
             ))
         s = self.service
         start, stop, gpus = np.frombuffer(s.busy, dtype=np.float64).reshape(-1, 3).T.copy()

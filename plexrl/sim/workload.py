@@ -19,7 +19,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from plexrl.errors import ConfigError
-from plexrl.policy.placement import PACKING_PAYS
 
 GB = 1e9
 SHIPPED = Path(__file__).parent
@@ -158,9 +157,12 @@ class Workload(Strict):
     horizon_s: float | None = Field(None, gt=0, description="stop jobs at this virtual time (None: run to completion)")
     poisson: PoissonArrivals | None = Field(None, description="if set, job copies arrive as a Poisson process")
     pack_limit: float | None = Field(
-        PACKING_PAYS, ge=0, description="the operator's placement setting (as `ClusterConfig.pack_limit`): the "
-        "largest step slowdown a shared placement judges jobs by (they all end); null: each job's own slack "
-        "(overridable by --pack-limit)")
+        None, ge=0, description="the operator's placement option (as `ClusterConfig.pack_limit`), off by default: "
+        "the largest step slowdown a shared placement judges jobs by (they all end), e.g. 0.333; null: each job's "
+        "own slack (overridable by --pack-limit)")
+    pack_by_effect: bool = Field(
+        True, description="a shared placement is taken only when it lowers the summed completion time of the jobs "
+        "involved (placement/judgement.py, 'Packing by effect'); --pack-limit X or none turns it off")
     jobs: list[WorkloadJob] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -122,7 +122,7 @@ class Moves:
         if isinstance(moved, Placement):
             if not self.tenancy.shares_a_device(job):
                 return moved
-            self.placer.release(job)
+            self.placer.vacate(job)
         self._put_back(undo)
         self.no_unused[job] = self.tenancy.releases
         return None
@@ -141,7 +141,7 @@ class Moves:
         """A tentative move begins: placed `job` is released; returns what `_put_back` needs."""
         t = self.tenancy
         undo = _Undo(t.placed[job], t.measured.get(job), t.mark())
-        self.placer.release(job)
+        self.placer.vacate(job)
         return undo
 
     def _put_back(self, undo: _Undo) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 from plexrl.policy.horizon import Horizon
 from plexrl.policy.placement.cotenancy import TINY
 from plexrl.policy.placement.decisions import Placement, Wait
-from plexrl.policy.placement.judgement import PACKING_PAYS, Judgement
+from plexrl.policy.placement.judgement import Judgement
 from plexrl.policy.placement.moves import Moves
 from plexrl.policy.placement.refusal import RefusalBound
 from plexrl.policy.placement.search import Candidate, DeviceSearch
@@ -47,23 +47,27 @@ from plexrl.policy.resources import ResourceView
 class Placer:
     """Cluster-wide placement state: the view (memory committed), the horizon (projected load
     per device) and the jobs placed. `max_shifts` bounds the candidate phase shifts per
-    decision. `pack_limit`: the largest slack a placement judges a job by when it and every
-    job it would share devices with end (`judgement.py`, "Packing when it pays"); None judges
-    each job by its own slack. `pooled`: a group's devices run any of its jobs' calls
+    decision. `by_effect` (default): a placement that shares devices is taken only when it
+    lowers the summed completion time of the jobs involved (`judgement.py`, "Packing by
+    effect"). `pack_limit` (an option, off by default): the largest slack a placement judges a
+    job by when it and every job it would share devices with end; None judges each job by its
+    own slack. `pooled`: a group's devices run any of its jobs' calls
     (`cotenancy.pooled_inflation`). `pack_first`: a group already carrying jobs takes the
     newcomer when the judgement lets it, before an empty one does (see "Packing first")."""
 
     def __init__(self, view: ResourceView, horizon_slots: int = 1024, slot_s: float = 1.0, max_shifts: int = 64,
-                 pack_limit: float | None = PACKING_PAYS, pooled: bool = False, pack_first: bool = False):
+                 pack_limit: float | None = None, pooled: bool = False, pack_first: bool = False,
+                 by_effect: bool = True):
         if max_shifts < 1:
             raise ValueError(f"max_shifts must be >= 1, got {max_shifts}")
         if pack_limit is not None and not pack_limit >= 0:
             raise ValueError(f"pack_limit must be >= 0 (a fraction of a step) or None, got {pack_limit}")
         self.pack_limit, self.pack_first, self.pooled, self.max_shifts = pack_limit, pack_first, pooled, max_shifts
+        self.by_effect = by_effect
         self.view = view
         self.horizon = Horizon(len(view.row_device), horizon_slots, slot_s)
         self.tenancy = Tenancy(view, self.horizon)
-        self.judgement = Judgement(self.tenancy, pack_limit, pooled)
+        self.judgement = Judgement(self.tenancy, pack_limit, pooled, by_effect)
         self.refusal = RefusalBound(self.judgement)
         self.search = DeviceSearch(self.tenancy, max_shifts)
         self.moves = Moves(self)
@@ -92,6 +96,7 @@ class Placer:
         groups = self.view.feasible_groups(profile)
         if len(groups) == 0:
             return Wait(self.view.shortfall(profile))
+        self.judgement.now = now
         refused = self.refusal.refused_everywhere(profile, groups)
         if refused is not None:
             return refused
@@ -137,6 +142,7 @@ class Placer:
             )
         self.horizon.advance(now)
         self.tenancy.hold(Placed(profile, placement, now + placement.phase_shift_s))
+        self.judgement.started.setdefault(profile.job, now + placement.phase_shift_s)
 
     def observe(self, job: str, inflation: float) -> None:
         """A placed job's measured step inflation (its recent steps against its profile's
@@ -145,6 +151,13 @@ class Placer:
             self.tenancy.measured[job] = float(inflation)
 
     def release(self, job: str) -> None:
+        """`job` is done (or was never started): its place and its record go."""
+        self.vacate(job)
+        self.judgement.started.pop(job, None)
+
+    def vacate(self, job: str) -> None:
+        """`job` leaves its place to be placed again (a move, a re-placement): when its run began
+        stays (`Judgement.started`: what is left of its run is judged from it)."""
         self.moves.forget(job)
         self.tenancy.release(job)
 
@@ -154,7 +167,7 @@ class Placer:
         if profile.job not in self.tenancy.placed:
             raise ValueError(f"job {profile.job!r} is not placed; use place()")
         old, measured = self.tenancy.placed[profile.job], self.tenancy.measured.get(profile.job)
-        self.release(profile.job)
+        self.vacate(profile.job)
         decision = self.place(profile, now)
         if isinstance(decision, Wait):
             self.tenancy.hold(old)
@@ -171,7 +184,7 @@ class Placer:
         if profile.devices != len(old.placement.devices):
             raise ValueError(f"job {profile.job!r} is placed on {len(old.placement.devices)} devices; a profile "
                              f"of {profile.devices} needs a re-placement")
-        self.release(profile.job)
+        self.vacate(profile.job)
         self.tenancy.hold(Placed(profile, old.placement, old.anchor_s))
         if measured is not None:  # measured where it still is: a new profile does not undo that
             self.tenancy.measured[profile.job] = measured
