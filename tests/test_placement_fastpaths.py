@@ -419,7 +419,7 @@ def test_the_bound_by_tenants_never_exceeds_the_judgements_inflation_on_any_devi
     assert tight > 0  # it does raise the cells' bound
 
 
-def replay(seed: int, *placers: Placer) -> tuple[list[list], int]:
+def replay(seed: int, *placers: Placer, runs: bool = False) -> tuple[list[list], int]:
     """Random call-model histories (places, observations, releases) on a small cluster of 2
     nodes per group, applied to every placer alike: the answers of each, and how many
     decisions the first placer's refusal shortcut answered."""
@@ -451,6 +451,8 @@ def replay(seed: int, *placers: Placer) -> tuple[list[list], int]:
                         "rollout_s": float(rng.random() * period)}
         profile = job(f"j{i}", demand, barriers=barriers, residual_s=residual_s,
                       slack=float(rng.choice([0.1, 0.3, 1.0])), devices=devices, **rollouts)
+        if runs:  # declared runs: packing by effect judges shared placements
+            profile = replace(profile, ends=True, steps=int(rng.integers(1, 40)))
         first = placers[0]
         first.horizon.advance(now)
         groups = first.view.feasible_groups(profile)
@@ -466,11 +468,12 @@ def cluster() -> ResourceView:
     return view(groups=3, nodes=2, devices=2, host=6 * GiB)  # host room for 3 copies a node
 
 
+@pytest.mark.parametrize("runs", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_decisions_equal_those_of_always_searching(seed):
+def test_decisions_equal_those_of_always_searching(seed, runs):
     """Every answer equals the reference's, Waits and placements alike, and the shortcut did
-    answer some of them."""
-    (fast, slow), shortcut = replay(seed, Placer(cluster(), 32, 1.0), SearchAlways(cluster(), 32, 1.0))
+    answer some of them; with declared runs, packing by effect refuses too (`_costs_more`)."""
+    (fast, slow), shortcut = replay(seed, Placer(cluster(), 32, 1.0), SearchAlways(cluster(), 32, 1.0), runs=runs)
     assert [isinstance(a, Wait) for a in fast] == [isinstance(a, Wait) for a in slow]
     assert [a for a in fast if isinstance(a, Placement)] == [a for a in slow if isinstance(a, Placement)]
     assert shortcut > 0

@@ -55,8 +55,9 @@ class RefusalBound:
         """Wait, without a search, when the judgement would refuse every devices of `groups`
         the search could choose, whichever wins; None when some might pass (then the search
         decides). `by_tenants`: the newcomer's bound reads who the rows' tenants are
-        (`_by_tenants`), not only whether each row's may take turns with it. See the module
-        docstring."""
+        (`_by_tenants`), not only whether each row's may take turns with it, and packing by
+        effect is bounded too (`_costs_more`); without it, the rows' cells alone (as
+        `no_place_beside_itself` asks). See the module docstring."""
         placed = self.tenancy.placed
         if profile.barriers <= 0 or not placed or self.judgement.pooled:  # the bound is of pinned devices
             return None
@@ -79,9 +80,10 @@ class RefusalBound:
                 least = min(least, bound)
                 continue
             unbarred = [(names, rows) for names, rows in runs if self._hurt(profile, names, hurt_by, barred) is None]
-            if self._bound(profile, unbarred, cells, facts, limit) <= limit + 1e-9:
+            bound = self._bound(profile, unbarred, cells, facts, limit)
+            if bound <= limit + 1e-9 and not (by_tenants and self._costs_more(profile, unbarred, bound)):
                 return None
-            elif len(unbarred) < profile.devices:
+            elif sum(rows for _, rows in unbarred) < profile.devices:
                 hurts = True
             else:
                 mixed = True
@@ -90,6 +92,24 @@ class RefusalBound:
             tenant = next((job for runs in visited for names, _ in runs
                            if (job := self._hurt(profile, names, hurt_by, barred)) is not None), "")
         return self._refusal(profile, limit, least, tenant, hurts, mixed)
+
+    def _costs_more(self, profile: JobProfile, runs: list[tuple[tuple[str, ...], int]], bound: float) -> bool:
+        """Whether packing by effect (`Judgement.effect`) refuses any devices of the rows `runs`,
+        where the newcomer's inflation is at least `bound` > 0 (so every such devices carry a
+        job): sharing costs at least `bound` times what is left of its run, and waiting for the
+        devices costs at most the longest wait among the rows' jobs (`Judgement.effect` takes
+        the longest among the chosen devices' jobs). Only when every run involved is known."""
+        j = self.judgement
+        if not j.by_effect or bound <= 1e-9 or profile.run_s <= 0:
+            return False
+        jobs = {job for names, _ in runs for job in names}
+        if any(self.tenancy.placed[job].profile.run_s <= 0 for job in jobs):
+            return False
+        wait = 0.0
+        for job in jobs:
+            slowed = j.inflation_now(job)
+            wait = max(wait, j.left_s(job, self.tenancy.placed[job].profile, slowed) * (1.0 + slowed))
+        return (bound - 1e-9) * j.left_s(profile.job, profile, 0.0) >= wait
 
     def no_place_beside_itself(self, profile: JobProfile) -> bool:
         """Whether placed `profile`'s job would wait wherever it went, its own devices taken
@@ -150,8 +170,10 @@ class RefusalBound:
                         f"{limit:.0%}, {where}")
         if not (mixed or least < math.inf):
             return Wait(f"job {profile.job!r} would slow job {tenant!r} or another co-tenant beyond its slack {where}")
-        return Wait(f"job {profile.job!r} would be slowed beyond its slack of {limit:.0%} or slow a "
-                    f"co-tenant beyond theirs (e.g. job {tenant!r}) {where}")
+        example = f" (e.g. job {tenant!r})" if tenant else ""
+        return Wait(f"job {profile.job!r} would be slowed beyond its slack of {limit:.0%}, slow a co-tenant beyond "
+                    f"theirs{example}, or cost the jobs involved more completion time sharing devices than it would "
+                    f"waiting for devices of its own, {where}")
 
     def _bound(self, profile: JobProfile, runs: list[tuple[tuple[str, ...], int]], cells: dict[tuple[str, ...], Cell],
                facts: _TenantFacts | None, limit: float) -> float:
