@@ -18,7 +18,11 @@ bound holds under the call model only (every job involved knows its calls, devic
   13% or more wherever it goes, which the turns alone would have let through to a search;
 - a row is barred when a tenant on it would be pushed past its slack by sharing even one of
   its devices with the newcomer (`Judgement.pushed` at the least share; what it adds does not
-  shrink with the share); the unbarred rows are bounded as above.
+  shrink with the share); the unbarred rows are bounded as above;
+- packing by effect (`Judgement.effect`, when every run involved is known): on unbarred rows
+  where the newcomer's inflation is at least b > 0, sharing costs at least b times what is left
+  of its run, and waiting for the devices at most the longest wait among the rows' jobs; where
+  the first is already the larger, every choice there is refused (`_costs_more`).
 Rows on nodes without host room for a replica are never chosen, so they are skipped.
 
 Invariant (tests/test_placement_fastpaths.py): exact. Whenever it answers Wait the search and
