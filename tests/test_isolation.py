@@ -126,9 +126,11 @@ def _kill_worker(cluster, device: int) -> None:
 
 def test_an_idle_device_process_that_dies_is_restarted(tiny_model):
     """Process engine: kill a device's process between calls. The next call fails retriably
-    (WorkerFailed), the worker is back, and the retried job ends as if nothing happened."""
-    def train(kill: bool):
-        with open_engine("process") as c:
+    (WorkerFailed), the worker is back, and the retried job ends as if nothing happened: with the
+    bits of the same job without the kill (run on the local engine, which gives the process
+    engine's bits: test_engines' transparency test)."""
+    def train(engine: str, kill: bool):
+        with open_engine(engine) as c:
             trainer = c.service_client("job").create_training_client(base_model=tiny_model, seed=0)
             for step in range(3):
                 if kill and step == 1:
@@ -144,20 +146,21 @@ def test_an_idle_device_process_that_dies_is_restarted(tiny_model):
             assert other.compute_logprobs(plexrl.ModelInput.from_ints([5, 6])).result(TIMEOUT_S)
             return c.fetch_weights(trainer.state), c.metrics()["recovery"]
 
-    clean, _ = train(False)
-    recovered, recovery = train(True)
+    clean, _ = train("local", False)
+    recovered, recovery = train("process", True)
     np.testing.assert_array_equal(recovered, clean)
     assert recovery["worker_restarts"] == 1 and recovery["restored_states"] >= 1
 
 
 def test_calls_queued_behind_a_retriable_failure_do_not_run(tiny_model):
     """forward_backward and optim_step submitted together; the device dies inside forward_backward:
-    the queued optim_step fails retriably instead of applying a momentum-only step."""
+    the queued optim_step fails retriably instead of applying a momentum-only step (the weights
+    are those of the same job without the failure, run on the local engine as in the test above)."""
     def dies(datums, logprobs):
         os._exit(1)
 
-    def train(kill: bool):
-        with open_engine("process") as c:
+    def train(engine: str, kill: bool):
+        with open_engine(engine) as c:
             trainer = c.service_client("job").create_training_client(base_model=tiny_model, seed=0)
             trainer.forward_backward([datum([5, 6, 7, 8])])
             trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
@@ -171,7 +174,7 @@ def test_calls_queued_behind_a_retriable_failure_do_not_run(tiny_model):
             assert trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S).metrics["step"] == 2
             return c.fetch_weights(trainer.state)
 
-    np.testing.assert_array_equal(train(True), train(False))
+    np.testing.assert_array_equal(train("process", True), train("local", False))
 
 
 def test_sample_calls_are_bounded(engine, tiny_model):
