@@ -1,6 +1,7 @@
-"""`plexrl demo --quick --json`: one run, the JSON the issue asks for, and the files it writes;
-a short `--jobs 4` run (more jobs than devices); the exclusive schedule computed and the job
-list, pure; the exclusive schedule run.
+"""`plexrl demo --quick --json --jobs 4 --repeat 2`: one run (more jobs than devices), the JSON the
+issue asks for, and the files it writes; a multiplexed run alone with `--read-replicas off`; the
+exclusive schedule computed and the job list, pure; the exclusive schedule run. (`plexrl demo`
+without `--repeat` reports one pair: tests/test_ray_rl.py.)
 
 The warm-started models come from the user's cache (built on the first run, like `make demo`).
 """
@@ -16,9 +17,11 @@ import pytest
 
 from plexrl.policy import ModelMemory, profile_from_events
 from plexrl.policy.placement.cotenancy import pooled_inflation
-from plexrl.rl.demo_experiment import MUX_DEVICES, demo_jobs
-from plexrl.rl.demo_figures import exclusive_schedule, mux_floor, predicted_from_alone, repeated
+from plexrl.rl import demo as demo_cli
+from plexrl.rl.demo_experiment import MUX_DEVICES, DedicatedRun, DemoRuns, ExclusiveRun, demo_jobs, run_multiplexed
+from plexrl.rl.demo_figures import exclusive_schedule, mux_floor, predicted_from_alone, repeated, summarise
 from plexrl.rl.demo_view import Progress
+from plexrl.rl.warm_start import warm_model
 from plexrl.runtime.config import ClusterConfig
 from plexrl.runtime.cuda import resolve_device
 from test_profile import call
@@ -33,10 +36,14 @@ def run_demo(out, *options) -> dict:
     return json.loads(done.stdout)  # stdout must be exactly one JSON object
 
 
+JOBS = 4  # more jobs than devices: the demo cycles through its three
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    """One demo run for the module: each of its runs opens clusters whose start-up dominates it."""
     out = tmp_path_factory.mktemp("demo")
-    return run_demo(out, "--repeat", "2"), out
+    return run_demo(out, "--jobs", str(JOBS), "--repeat", "2"), out
 
 
 @pytest.mark.parametrize("durations, devices, expected", [
@@ -78,7 +85,8 @@ def test_json_has_the_final_table(demo):
                 "device_s_held_exclusive", "device_s_held_exclusive_jobs", "makespan_exclusive_longest_first_s",
                 "host_cpu_s_mux"):
         assert key in summary
-    assert len(summary["jobs"]) == 3 and summary["engine"] == "process"  # the default
+    assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, jobs=JOBS)]
+    assert summary["engine"] == "process"  # the default
     assert summary["read_replicas"] is True  # --read-replicas auto: on for the process engine
     for job in summary["jobs"]:
         for key in ("name", "algorithm", "steps", "reward_first", "reward_last", "consumed_device_s", "reserved_device_s"):
@@ -95,7 +103,8 @@ def test_exclusive_baseline_is_run_on_the_same_devices(demo):
     summary, _ = demo
     rows = summary["exclusive_schedule"]
     assert [row["name"] for row in rows] == [job["name"] for job in summary["jobs"]]
-    assert sorted({row["device"] for row in rows}) == list(range(MUX_DEVICES))  # three jobs: both devices used
+    assert len(rows) == JOBS and summary["makespan_exclusive_s"] > 0
+    assert sorted({row["device"] for row in rows}) == list(range(MUX_DEVICES))  # more jobs than devices: both used
     starts = [row["start_s"] for row in rows]
     assert starts == sorted(starts) and all(row["start_s"] < row["end_s"] for row in rows)
     for device in range(MUX_DEVICES):
@@ -205,7 +214,7 @@ def test_the_model_on_the_profiles_measured_alone_is_reported_too(demo):
     summary, out = demo
     with open(out / "events-dedicated.jsonl") as f:
         dedicated = [json.loads(line) for line in f]
-    alone = predicted_from_alone(demo_jobs(quick=True), dedicated, summary["jct_mux_s"])
+    alone = predicted_from_alone(demo_jobs(quick=True, jobs=JOBS), dedicated, summary["jct_mux_s"])
     for job in summary["jobs"]:
         assert job["inflation_predicted_alone"] == pytest.approx(alone[job["name"]]["inflation_predicted"])
         assert job["busy_share_dedicated"] == pytest.approx(alone[job["name"]]["busy_share"])
@@ -284,15 +293,25 @@ def test_the_median_of_the_repeated_pairs_and_rewards_identical_only_if_in_all(r
 
 
 @pytest.mark.slow
-def test_more_jobs_than_devices(tmp_path):
-    summary = run_demo(tmp_path, "--steps", "2", "--jobs", "4", "--read-replicas", "off")
-    assert [job["name"] for job in summary["jobs"]] == [s.name for s in demo_jobs(quick=True, steps=2, jobs=4)]
-    assert summary["identical_rewards"] is True and summary["read_replicas"] is False
-    assert [run["makespan_mux_vs_exclusive"] for run in summary["repeats"]] == [summary["makespan_mux_vs_exclusive"]]
-    assert summary["makespan_mux_vs_exclusive_median"] == summary["makespan_mux_vs_exclusive"]  # no --repeat: one pair
+def test_read_replicas_off_runs_no_call_on_a_replica_and_the_same_rewards(demo, tmp_path):
+    """`--read-replicas off`: the multiplexed cluster runs every call on a state's primary (no
+    model named `<state>#<n>`), the summary says so, and the job's rewards are its dedicated run's.
+    The multiplexed run alone, of the demo's first job, whose dedicated run the module's demo has
+    (the same run with read replicas on put calls on a replica: 28 of its events, by hand); the
+    dedicated and exclusive runs the summary also needs stand in by its own results (only the
+    setting is under test there)."""
+    args = demo_cli.parse_args(["--quick", "--json", "--read-replicas", "off", "--out", str(tmp_path)])
+    specs = demo_jobs(quick=True, jobs=1)
+    models = {s.name: str(warm_model(s.task, s.model)) for s in specs}
+    mux = run_multiplexed(specs, models, args, 1 << 30, Progress(specs, enabled=False), tmp_path / "events.jsonl")
     with open(tmp_path / "events.jsonl") as f:
         assert not any("#" in (json.loads(line).get("model") or "") for line in f)
-    assert len(summary["exclusive_schedule"]) == 4 and summary["makespan_exclusive_s"] > 0
+    dedicated = {job["name"]: job["rewards_dedicated"] for job in demo[0]["jobs"]}
+    assert {s.name: mux.results[s.name].rewards for s in specs} == {s.name: dedicated[s.name] for s in specs}
+    rows = [{"name": s.name, "device": 0, "start_s": 0.0, "end_s": mux.metrics["jct_s"][s.name]} for s in specs]
+    stand_in = DemoRuns(specs, DedicatedRun({s.name: (mux.results[s.name], 1.0) for s in specs}, {}, mux.events),
+                        [(ExclusiveRun([(row, mux.results[row["name"]]) for row in rows], 1.0, 1.0), mux)])
+    assert summarise(stand_in, args).as_json()["read_replicas"] is False
 
 
 @pytest.mark.slow

@@ -301,10 +301,12 @@ def test_metrics_have_one_layout_on_every_engine(cluster, tiny_model):
 @pytest.mark.parametrize("engine", ["local", "process"])
 def test_migration_checkpoints_and_event_log_are_the_same_on_every_engine(engine, tiny_model, tmp_path):
     """Two node groups: a job checkpointed every step, moved by hand between its steps, its events
-    written as they happen. (On Ray: tests/test_ray_multinode.py, which has two Ray nodes.)"""
+    written as they happen; its weights those of the job left in place, on the local engine (which
+    gives every engine's bits: the transparency test above). (On Ray: tests/test_ray_multinode.py,
+    which has two Ray nodes.)"""
     from plexrl import engines
 
-    def train(migrate: bool, folder):
+    def train(engine: str, migrate: bool, folder):
         cls = engines.engine_class(engine)
         with cls(devices=2, nodes=2, device_memory_bytes=64 * MiB, host_memory_bytes=256 * MiB, profile_steps=1000,
                  workdir=folder, checkpoint_every_steps=1, event_log=folder / "events.jsonl") as c:
@@ -317,8 +319,8 @@ def test_migration_checkpoints_and_event_log_are_the_same_on_every_engine(engine
                 c.report_step("job", step)
             return c.fetch_weights(trainer.state), c.metrics(), c.events()
 
-    still, _, _ = train(False, tmp_path / "still")
-    moved, metrics, events = train(True, tmp_path / "moved")
+    still, _, _ = train("local", False, tmp_path / "still")
+    moved, metrics, events = train(engine, True, tmp_path / "moved")
     np.testing.assert_array_equal(still, moved, err_msg="a migration changed the job's results")
     assert metrics["migrations"] == 1 and metrics["engine"] == engine
     assert sorted(p.name for p in (tmp_path / "moved" / "checkpoints" / "job" / "policy").iterdir()) == \

@@ -37,6 +37,16 @@ def open_engine(engine: str, **settings):
     return engines.open_cluster(engine, settings.pop("devices", 1), **settings)
 
 
+@pytest.fixture(scope="module", params=ENGINES)
+def cluster(request, tmp_path_factory):
+    """One cluster per engine, on the defaults, for the tests that need nothing else (a Ray
+    cluster's actors take seconds to start): each test closes its jobs, so the next finds it empty."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_node")
+    with open_engine(request.param, workdir=tmp_path_factory.mktemp("cluster"), max_sampled_tokens=4096) as c:
+        yield c
+
+
 @pytest.fixture(scope="module")
 def solo(tiny_model):
     """Weights of each job of `rl_job` run alone (seed -> weights), on the local engine."""
@@ -83,10 +93,10 @@ def test_spilled_states_of_look_alike_names_never_share_a_file(engine, tiny_mode
         np.testing.assert_array_equal(results[seed], solo[seed], err_msg=f"job of seed {seed} changed by the others")
 
 
-def test_a_job_cannot_load_another_jobs_checkpoint(engine, tiny_model, tmp_path):
-    with open_engine(engine, workdir=tmp_path) as c:
-        a = c.service_client("a").create_training_client(base_model=tiny_model)
-        b = c.service_client("b").create_training_client(base_model=tiny_model)
+def test_a_job_cannot_load_another_jobs_checkpoint(cluster, tiny_model):
+    with cluster.service_client("a") as job_a, cluster.service_client("b") as job_b:
+        a = job_a.create_training_client(base_model=tiny_model)
+        b = job_b.create_training_client(base_model=tiny_model)
         saved = a.save_state("mine").result(TIMEOUT_S)
         with pytest.raises(errors.InvalidInput, match="another job's"):
             b.load_state_with_optimizer(saved.path).result(TIMEOUT_S)
@@ -126,9 +136,11 @@ def _kill_worker(cluster, device: int) -> None:
 
 def test_an_idle_device_process_that_dies_is_restarted(tiny_model):
     """Process engine: kill a device's process between calls. The next call fails retriably
-    (WorkerFailed), the worker is back, and the retried job ends as if nothing happened."""
-    def train(kill: bool):
-        with open_engine("process") as c:
+    (WorkerFailed), the worker is back, and the retried job ends as if nothing happened: with the
+    bits of the same job without the kill (run on the local engine, which gives the process
+    engine's bits: test_engines' transparency test)."""
+    def train(engine: str, kill: bool):
+        with open_engine(engine) as c:
             trainer = c.service_client("job").create_training_client(base_model=tiny_model, seed=0)
             for step in range(3):
                 if kill and step == 1:
@@ -144,20 +156,21 @@ def test_an_idle_device_process_that_dies_is_restarted(tiny_model):
             assert other.compute_logprobs(plexrl.ModelInput.from_ints([5, 6])).result(TIMEOUT_S)
             return c.fetch_weights(trainer.state), c.metrics()["recovery"]
 
-    clean, _ = train(False)
-    recovered, recovery = train(True)
+    clean, _ = train("local", False)
+    recovered, recovery = train("process", True)
     np.testing.assert_array_equal(recovered, clean)
     assert recovery["worker_restarts"] == 1 and recovery["restored_states"] >= 1
 
 
 def test_calls_queued_behind_a_retriable_failure_do_not_run(tiny_model):
     """forward_backward and optim_step submitted together; the device dies inside forward_backward:
-    the queued optim_step fails retriably instead of applying a momentum-only step."""
+    the queued optim_step fails retriably instead of applying a momentum-only step (the weights
+    are those of the same job without the failure, run on the local engine as in the test above)."""
     def dies(datums, logprobs):
         os._exit(1)
 
-    def train(kill: bool):
-        with open_engine("process") as c:
+    def train(engine: str, kill: bool):
+        with open_engine(engine) as c:
             trainer = c.service_client("job").create_training_client(base_model=tiny_model, seed=0)
             trainer.forward_backward([datum([5, 6, 7, 8])])
             trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S)
@@ -171,12 +184,13 @@ def test_calls_queued_behind_a_retriable_failure_do_not_run(tiny_model):
             assert trainer.optim_step(plexrl.AdamParams(learning_rate=1e-2)).result(TIMEOUT_S).metrics["step"] == 2
             return c.fetch_weights(trainer.state)
 
-    np.testing.assert_array_equal(train(True), train(False))
+    np.testing.assert_array_equal(train("process", True), train("local", False))
 
 
-def test_sample_calls_are_bounded(engine, tiny_model):
-    with open_engine(engine, max_sampled_tokens=4096) as c:
-        sampler = c.service_client("greedy").create_sampling_client(base_model=tiny_model)
+def test_sample_calls_are_bounded(cluster, tiny_model):
+    """The cluster's max_sampled_tokens is 4096."""
+    with cluster.service_client("greedy") as service:
+        sampler = service.create_sampling_client(base_model=tiny_model)
         t0 = time.perf_counter()
         for num in (10**5, 10**7):
             with pytest.raises(errors.InvalidInput, match=f"num_samples={num}"):
@@ -203,11 +217,13 @@ def test_stale_shared_memory_of_a_dead_driver_is_swept(micro_model):
         assert not any(folder.exists() for folder in left), "swept at start-up"
 
 
-def test_a_second_controller_of_a_job_owns_only_what_it_created(engine, tiny_model):
+def test_a_second_controller_of_a_job_owns_only_what_it_created(cluster, tiny_model):
     """Two service clients of one job: closing the second frees its model (and its snapshots)
     only; the first one's model keeps working; the job ends with its last client."""
-    with open_engine(engine) as c:
-        first, second = c.service_client("shared"), c.service_client("shared")
+    c = cluster
+    assert c.metrics()["residency"] == {}, "another test left a state behind"
+    first, second = c.service_client("shared"), c.service_client("shared")
+    try:
         mine = first.create_training_client(base_model=tiny_model, name="p")
         theirs = second.create_training_client(base_model=tiny_model, name="q")
         theirs.save_weights_and_get_sampling_client()
@@ -220,3 +236,6 @@ def test_a_second_controller_of_a_job_owns_only_what_it_created(engine, tiny_mod
         assert mine.forward_backward([datum([5, 6, 7])]).result(TIMEOUT_S).metrics["loss:sum"] > 0
         first.close()
         assert c.metrics()["residency"] == {}
+    except BaseException:
+        c.finish_job("shared")  # what a failed check left: the next test finds the cluster empty
+        raise

@@ -1,7 +1,8 @@
 """RL jobs on the Ray engine: `plexrl run --engine ray` and `plexrl demo --engine ray`.
 
 The same jobs give the same reward curves on Ray as on the local engine (every sample has an
-explicit seed, and the runtime is transparent), and the demo's own comparison holds on Ray.
+explicit seed, and the runtime is transparent), and the demo's own comparison holds on Ray
+(run without `--repeat`: one pair of runs; tests/test_demo.py runs it with `--repeat 2`).
 One Ray instance for the module; the commands join it instead of starting their own.
 """
 
@@ -42,6 +43,8 @@ def test_demo_on_ray(ray_node, tmp_path, capsys):
     assert summary["engine"] == "ray" and summary["identical_rewards"] is True
     assert [j["steps"] for j in summary["jobs"]] == [2, 2, 2]
     assert all(j["consumed_device_s"] > 0 and j["reserved_device_s"] > 0 for j in summary["jobs"])
+    assert [run["makespan_mux_vs_exclusive"] for run in summary["repeats"]] == [summary["makespan_mux_vs_exclusive"]]
+    assert summary["makespan_mux_vs_exclusive_median"] == summary["makespan_mux_vs_exclusive"]  # no --repeat: one pair
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["t"] for e in events] == sorted(e["t"] for e in events), "one time axis across node actors"
     assert {e["device"] for e in events if e["event"] == "start" and e.get("device") is not None} == {0, 1}

@@ -6,7 +6,8 @@ Run twice with the same seeds it logs identical per-step metrics (timings aside)
 to another tenant running the same recipe at the same time; it resumes from its checkpoint after
 the server restarts. (On a random tiny model every reward is the format penalty, so advantages
 are zero and the weights do not move: these runs check the protocol, sampling determinism and
-the sampler/trainer agreement `optim/kl_sample_train_v1`, not learning.)"""
+the sampler/trainer agreement `optim/kl_sample_train_v1`, not learning.) One server for the
+module: the restart test restarts it on its state directory."""
 
 from __future__ import annotations
 
@@ -33,29 +34,38 @@ def _env() -> dict:
 
 
 class Serving:
-    """`plexrl serve` in a subprocess on a free loopback port."""
+    """`plexrl serve` in a subprocess on a free loopback port; `restart` stops it and starts another
+    on the same state directory."""
 
     def __init__(self, root: Path, model: str):
         keys = root / "keys.txt"
         keys.write_text(f"alice {ALICE}\nbob {BOB}\n")
-        command = [sys.executable, "-m", "plexrl.cli", "serve", "--engine", "process", "--devices", "2",
-                   "--model", model, "--state-dir", str(root / "state"), "--port", "0", "--api-keys", str(keys)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=_env(), cwd=root)
+        self.root = root
+        self.command = [sys.executable, "-m", "plexrl.cli", "serve", "--engine", "process", "--devices", "2",
+                        "--model", model, "--state-dir", str(root / "state"), "--port", "0", "--api-keys", str(keys)]
+        self.start()
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env=_env(), cwd=self.root)
         self.lines: list[str] = []
         found = threading.Event()
 
-        def read():
-            for line in self.process.stdout:
-                self.lines.append(line)
+        def read(process, lines):
+            for line in process.stdout:
+                lines.append(line)
                 if re.search(r"http://127\.0\.0\.1:\d+", line):
                     found.set()
 
-        threading.Thread(target=read, daemon=True).start()
+        threading.Thread(target=read, args=(self.process, self.lines), daemon=True).start()
         if not found.wait(180):
             self.stop()
             raise AssertionError("plexrl serve did not start:\n" + "".join(self.lines))
         self.url = re.search(r"http://127\.0\.0\.1:\d+", "".join(self.lines)).group(0)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
     def stop(self) -> None:
         self.process.terminate()
@@ -71,6 +81,15 @@ def model(tmp_path_factory) -> str:
     from plexrl.models.tiny import make_tiny_model
 
     return str(make_tiny_model(tmp_path_factory.mktemp("cookbook") / "models" / "a" / "tiny", seed=0))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model):
+    """One server for the module (its start-up costs as much as a recipe run). Every test finds it
+    running; the restart test leaves the server it restarted in its place."""
+    serving = Serving(tmp_path_factory.mktemp("serve"), model)
+    yield serving
+    serving.stop()
 
 
 def recipe(url: str, key: str, model: str, log_path: Path, max_steps: int = 3, resume: bool = False):
@@ -91,50 +110,39 @@ def metrics(log_path: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
 
-def test_math_rl_is_repeatable_alone_and_next_to_another_tenant(model, tmp_path):
-    server = Serving(tmp_path, model)
-    try:
-        first = recipe(server.url, ALICE, model, tmp_path / "first")
-        steps = [row for row in first if "optim/kl_sample_train_v1" in row]
-        assert [row["step"] for row in steps] == [0, 1, 2]
-        for row in steps:
-            assert abs(row["optim/kl_sample_train_v1"]) < 1e-4  # the sampler's log-probs are the trainer's
-            assert row["env/all/total_episodes"] == 4 and "grad_norm:mean" in row
-        assert recipe(server.url, ALICE, model, tmp_path / "again") == first
+def test_math_rl_is_repeatable_alone_and_next_to_another_tenant(server, model, tmp_path):
+    first = recipe(server.url, ALICE, model, tmp_path / "first")
+    steps = [row for row in first if "optim/kl_sample_train_v1" in row]
+    assert [row["step"] for row in steps] == [0, 1, 2]
+    for row in steps:
+        assert abs(row["optim/kl_sample_train_v1"]) < 1e-4  # the sampler's log-probs are the trainer's
+        assert row["env/all/total_episodes"] == 4 and "grad_norm:mean" in row
+    assert recipe(server.url, ALICE, model, tmp_path / "again") == first
 
-        together: dict[str, list] = {}
-        errors: list[BaseException] = []
+    together: dict[str, list] = {}
+    errors: list[BaseException] = []
 
-        def run(key: str) -> None:
-            try:
-                together[key] = recipe(server.url, key, model, tmp_path / f"together-{key[4:9]}")
-            except BaseException as exc:  # reported below, on the test's thread
-                errors.append(exc)
+    def run(key: str) -> None:
+        try:
+            together[key] = recipe(server.url, key, model, tmp_path / f"together-{key[4:9]}")
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
 
-        threads = [threading.Thread(target=run, args=(key,)) for key in (ALICE, BOB)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(2 * RECIPE_S)
-        assert not errors, errors
-        assert together[ALICE] == first and together[BOB] == first
-    finally:
-        server.stop()
+    threads = [threading.Thread(target=run, args=(key,)) for key in (ALICE, BOB)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(2 * RECIPE_S)
+    assert not errors, errors
+    assert together[ALICE] == first and together[BOB] == first
 
 
-def test_math_rl_resumes_after_a_server_restart(model, tmp_path):
+def test_math_rl_resumes_after_a_server_restart(server, model, tmp_path):
     log_path = tmp_path / "run"
-    server = Serving(tmp_path, model)
-    try:
-        recipe(server.url, ALICE, model, log_path, max_steps=2)
-    finally:
-        server.stop()
+    recipe(server.url, ALICE, model, log_path, max_steps=2)
+    server.restart()
     saved = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()]
     assert saved[-1]["name"] == "final" and saved[-1]["batch"] == 2
-    server = Serving(tmp_path, model)
-    try:
-        resumed = recipe(server.url, ALICE, model, log_path, max_steps=3, resume=True)
-    finally:
-        server.stop()
+    resumed = recipe(server.url, ALICE, model, log_path, max_steps=3, resume=True)
     assert [row["step"] for row in resumed if "optim/kl_sample_train_v1" in row] == [0, 1, 2]
     assert "Resumed training from tinker://" in (log_path / "logs.log").read_text()

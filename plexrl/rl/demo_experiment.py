@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,8 +164,8 @@ def run_exclusive(specs, models, args, progress: RunProgress) -> ExclusiveRun:
         clusters = [stack.enter_context(engines.open_cluster(
             args.engine, 1, policy=args.policy, torch_device=args.device, precision=args.precision, **pinned(d)))
             for d in range(MUX_DEVICES)]
-        for cluster in clusters:
-            warm_up(cluster, models.values())
+        with ThreadPoolExecutor(len(clusters)) as pool:  # each cluster's own device: both at once
+            list(pool.map(lambda cluster: warm_up(cluster, models.values()), clusters))
         waiting, lock, done = list(specs), threading.Lock(), {}
         started, cpu_started = time.perf_counter(), time.process_time()
 
