@@ -90,6 +90,8 @@ class ResourceView:
         )
         self.row_device = np.array([d for node in self.nodes for d in node.devices], dtype=np.int64)
         self.device_rows = {int(d): r for r, d in enumerate(self.row_device)}
+        self.row_node = np.repeat(np.arange(len(self.nodes)), self.node_devices)  # the node of each row
+        self.row_group = self.node_group[self.row_node]  # the group of each row
         self._held: dict[str, tuple[tuple[int, ...], np.ndarray, dict[str, int], tuple[int, ...]]] = {}
         # job -> (devices, own host bytes per node, shared copies it uses, the nodes it is on)
         self._shared: list[dict[str, list[int]]] = [{} for _ in self.nodes]  # node -> key -> [bytes, users]

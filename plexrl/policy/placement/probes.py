@@ -35,8 +35,6 @@ class ProbeBounds:
         self.view, self.horizon = view, horizon
         self._maxima: tuple[int, np.ndarray] = (-1, np.zeros(0))  # (horizon version, column maxima per group)
         self._known = np.zeros(0, dtype=bool)  # groups whose maxima hold for that version
-        bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)
-        self._row_group = np.repeat(np.arange(len(bounds)), bounds[:, 1] - bounds[:, 0])
 
     def column_maxima(self, groups: list[int]) -> np.ndarray:
         """[i, c]: the largest load on the rows of groups[i] in column c, each group's reduced
@@ -52,7 +50,7 @@ class ProbeBounds:
                 self._known = np.zeros(len(self.view.group_rows), dtype=bool)
             else:
                 self._maxima = (h.version, self._maxima[1])
-                self._known[self._row_group[changed]] = False
+                self._known[self.view.row_group[changed]] = False
         maxima = self._maxima[1]
         missing = [g for g in groups if not self._known[g]]
         if missing:

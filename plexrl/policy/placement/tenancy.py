@@ -76,9 +76,7 @@ class Tenancy:
         self.derived = Derived()
         self.node_first_row = np.array([a for a, _ in view.node_rows], dtype=np.int64)
         self.group_bounds = np.array(view.group_rows, dtype=np.int64).reshape(-1, 2)  # (first, end) row
-        self.row_group = np.repeat(np.arange(len(view.groups)), self.group_bounds[:, 1] - self.group_bounds[:, 0])
-        node_bounds = np.array(view.node_rows, dtype=np.int64).reshape(-1, 2)
-        self.row_node = np.repeat(np.arange(len(node_bounds)), node_bounds[:, 1] - node_bounds[:, 0])
+        self.row_group, self.row_node = view.row_group, view.row_node
 
     def hold(self, placed: Placed) -> None:
         job, p = placed.profile.job, placed.placement
